@@ -1,0 +1,59 @@
+# One task runner for people and CI (.ci/run calls `make test`). `make help` lists the targets.
+SHELL := /bin/bash
+.SHELLFLAGS := -euo pipefail -c
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PYTEST := $(PY) -m pytest
+
+.PHONY: help venv system-deps gen-protos check-protos lint typecheck test-unit test-integration test-e2e test demo bench clean
+
+help: ## list targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | column -t -s $$'\t'
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $@
+
+venv: $(VENV)/.installed ## create .venv with tether and its dev tools
+
+system-deps: ## install the Debian packages the tests need (root only; skipped otherwise)
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then scripts/system-deps; \
+	else echo "not root: skipping system packages (the e2e tier will skip)"; fi
+
+gen-protos: venv ## regenerate the protobuf package from proto/tether/v1/*.proto
+	$(PY) scripts/gen_protos.py
+
+check-protos: venv ## fail if the generated protobuf code is stale
+	$(PY) scripts/gen_protos.py --check
+
+lint: venv ## ruff
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check controller nodeagent bootstrap tests bench scripts || \
+	  (echo "run: .venv/bin/ruff format" && false)
+
+typecheck: venv ## mypy --strict on our packages
+	$(VENV)/bin/mypy
+
+test-unit: venv ## fast tests, no network
+	$(PYTEST) tests/unit -q
+
+test-integration: venv ## real controller and agents on 127.0.0.1
+	$(PYTEST) tests/integration -q
+
+test-e2e: venv system-deps ## real systemd nodes (root: builds the testbed on first use)
+	$(PYTEST) tests/e2e -q -m e2e
+
+test: venv system-deps check-protos lint typecheck ## everything CI runs
+	$(PYTEST) tests -q
+
+demo: venv ## controller + local agent provisioning a demo environment, end to end
+	$(PY) scripts/demo.py
+
+bench: venv ## performance figures (JSON lines); QUICK=1 for the short run
+	$(PY) bench/run.py $(if $(QUICK),--quick,)
+
+clean: ## remove the venv and caches
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info

@@ -1,0 +1,1 @@
+"""One-time adoption of a machine over SSH or AWS SSM (the only push in tether)."""

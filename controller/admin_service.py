@@ -1,0 +1,371 @@
+"""AdminService: what tetherctl and platform integrations call (thin; checks the caller first)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+
+from controller import tokens, wire
+from controller.agent_service import AgentService
+from controller.app import App
+from controller.errors import FailedPrecondition, InvalidArgument, NotFound
+from controller.nodestate import node_state
+from controller.rpc import stream, unary
+from controller.spec import load_document
+from controller.store.records import NodeRecord
+from nodeagent import logs
+from nodeagent.model import Event, HostFacts, Role, facts_from_dict, health_from_dict, now_ms
+
+log = logs.get_logger("tether.controller.admin")
+MAX_EVENTS = 10_000
+
+
+class AdminService(wire.AdminServiceServicer):
+    def __init__(self, app: App, agents: AgentService) -> None:
+        self.app = app
+        self.agents = agents
+
+    def _caller(self, context: Any, *, write: bool) -> str:
+        principal = self.app.auth.principal(context)
+        principal.require_admin(write=write)
+        return principal.name
+
+    # -- environments -------------------------------------------------------------------------
+
+    @unary
+    async def ApplyEnvironment(
+        self, request: wire.admin.ApplyEnvironmentRequest, context: Any
+    ) -> wire.admin.ApplyEnvironmentResponse:
+        who = self._caller(context, write=not request.dry_run)
+        loaded = load_document(request.document)  # raises with every problem
+        name = loaded.spec.name
+        app = self.app
+        if request.dry_run:
+            existing = app.store.get_environment(name)
+            return wire.admin.ApplyEnvironmentResponse(
+                environment=wire.admin.Environment(
+                    name=name,
+                    api_version=loaded.api_version,
+                    generation=existing.generation if existing else 0,
+                    notes=list(loaded.notes),
+                ),
+                changed=existing is None or existing.document != request.document,
+                notes=list(loaded.notes),
+            )
+        record, changed = await app.store.put_environment(
+            name, request.document, loaded.api_version, loaded.normalized
+        )
+        log.info(
+            "environment applied", environment=name, generation=record.generation, changed=changed, by=who
+        )
+        if changed:
+            await self._push_plans(name)
+        nodes = app.store.list_nodes(name)
+        return wire.admin.ApplyEnvironmentResponse(
+            environment=wire.environment_to_pb(record, len(nodes), loaded.notes),
+            changed=changed,
+            notes=list(loaded.notes),
+        )
+
+    async def _push_plans(self, environment: str) -> None:
+        for session in self.app.hub.sessions(environment):
+            node = self.app.store.get_node(session.node)
+            if node is not None and not node.revoked:
+                await self.agents.deliver_plan(
+                    node,
+                    facts_from_dict(node.facts),
+                    agent_digest=node.plan_digest,
+                    agent_generation=node.plan_generation,
+                )
+
+    @unary
+    async def GetEnvironment(
+        self, request: wire.admin.GetEnvironmentRequest, context: Any
+    ) -> wire.admin.Environment:
+        self._caller(context, write=False)
+        env = self.app.store.get_environment(request.name)
+        if env is None:
+            raise NotFound(f"environment {request.name!r} not found")
+        return wire.environment_to_pb(env, len(self.app.store.list_nodes(env.name)))
+
+    @unary
+    async def ListEnvironments(
+        self, request: wire.admin.ListEnvironmentsRequest, context: Any
+    ) -> wire.admin.ListEnvironmentsResponse:
+        self._caller(context, write=False)
+        store = self.app.store
+        return wire.admin.ListEnvironmentsResponse(
+            environments=[
+                wire.environment_to_pb(e, len(store.list_nodes(e.name))) for e in store.list_environments()
+            ]
+        )
+
+    @unary
+    async def DeleteEnvironment(
+        self, request: wire.admin.DeleteEnvironmentRequest, context: Any
+    ) -> wire.admin.DeleteEnvironmentResponse:
+        who = self._caller(context, write=True)
+        store = self.app.store
+        if store.get_environment(request.name) is None:
+            raise NotFound(f"environment {request.name!r} not found")
+        live = [n.name for n in store.list_nodes(request.name) if not n.revoked]
+        if live and not request.force:
+            raise FailedPrecondition(
+                f"environment {request.name!r} still has {len(live)} enrolled node(s) "
+                f"({', '.join(live[:5])}); revoke them first or use --force"
+            )
+        await store.delete_environment(request.name)
+        for t in store.list_tokens(request.name):
+            await store.revoke_token(t.id)
+        log.info("environment deleted", environment=request.name, by=who, nodes_left=len(live))
+        return wire.admin.DeleteEnvironmentResponse()
+
+    # -- tokens -------------------------------------------------------------------------------
+
+    @unary
+    async def CreateToken(
+        self, request: wire.admin.CreateTokenRequest, context: Any
+    ) -> wire.admin.CreateTokenResponse:
+        who = self._caller(context, write=True)
+        app = self.app
+        if app.store.get_environment(request.environment) is None:
+            raise NotFound(f"environment {request.environment!r} not found")
+        try:
+            role = Role.parse(request.role or "worker").value
+        except ValueError as exc:
+            raise InvalidArgument(str(exc)) from None
+        ttl = request.ttl_seconds or tokens.DEFAULT_TTL_SECONDS
+        if ttl > tokens.MAX_TTL_SECONDS:
+            raise InvalidArgument(f"ttl must be at most {tokens.MAX_TTL_SECONDS // 86400} days")
+        uses = request.uses or tokens.DEFAULT_USES
+        token_id, token = tokens.generate()
+        secret_part = token.reveal().split(".", 1)[1]
+        now = now_ms()
+        record = tokens.TokenRecord(
+            id=token_id,
+            secret_hash=tokens.hash_secret(secret_part),
+            environment=request.environment,
+            role=role,
+            node_name=request.node_name,
+            expires_ms=now + ttl * 1000,
+            max_uses=uses,
+            uses=0,
+            revoked=False,
+            created_ms=now,
+            description=request.description,
+        )
+        await app.store.put_token(record)
+        log.info(
+            "join token created",
+            token_id=token_id,
+            environment=record.environment,
+            role=role,
+            uses=uses,
+            ttl_seconds=ttl,
+            by=who,
+        )
+        return wire.admin.CreateTokenResponse(
+            token=token.reveal(),
+            info=wire.token_to_pb(record),
+            ca_hash=app.ca.ca_hash,
+            controller=app.advertise,
+        )
+
+    @unary
+    async def ListTokens(
+        self, request: wire.admin.ListTokensRequest, context: Any
+    ) -> wire.admin.ListTokensResponse:
+        self._caller(context, write=False)
+        return wire.admin.ListTokensResponse(
+            tokens=[wire.token_to_pb(t) for t in self.app.store.list_tokens(request.environment)]
+        )
+
+    @unary
+    async def RevokeToken(
+        self, request: wire.admin.RevokeTokenRequest, context: Any
+    ) -> wire.admin.RevokeTokenResponse:
+        who = self._caller(context, write=True)
+        if not await self.app.store.revoke_token(request.id):
+            raise NotFound(f"token {request.id!r} not found")
+        log.info("join token revoked", token_id=request.id, by=who)
+        return wire.admin.RevokeTokenResponse()
+
+    # -- nodes --------------------------------------------------------------------------------
+
+    def _node_pb(self, node: NodeRecord, *, detail: bool) -> wire.admin.Node:
+        app = self.app
+        steps = app.store.node_steps(node.name)
+        session = app.hub.session(node.name)
+        connected = session is not None
+        state = node_state(node, steps, connected).value
+        health = (
+            session.health
+            if session and session.health
+            else (health_from_dict(node.health) if node.health else None)
+        )
+        facts = facts_from_dict(node.facts) if node.facts else HostFacts()
+        step_pbs = []
+        if detail:
+            requested: dict[str, dict[str, str]] = {}
+            if node.facts:
+                with contextlib.suppress(Exception):
+                    plan = app.planner.plan(node.environment, node.role, facts)
+                    requested = {s.name: dict(s.requested) for s in plan.steps}
+            step_pbs = [wire.step_status_to_pb(s, requested.get(s.name)) for s in steps]
+        return wire.node_to_pb(
+            node, state, connected, steps=step_pbs, health=health if detail else None, facts=facts
+        )
+
+    @unary
+    async def ListNodes(
+        self, request: wire.admin.ListNodesRequest, context: Any
+    ) -> wire.admin.ListNodesResponse:
+        self._caller(context, write=False)
+        return wire.admin.ListNodesResponse(
+            nodes=[self._node_pb(n, detail=False) for n in self.app.store.list_nodes(request.environment)]
+        )
+
+    @unary
+    async def GetNode(self, request: wire.admin.GetNodeRequest, context: Any) -> wire.admin.Node:
+        self._caller(context, write=False)
+        node = self.app.store.get_node(request.name)
+        if node is None:
+            raise NotFound(f"node {request.name!r} not found")
+        return self._node_pb(node, detail=True)
+
+    @unary
+    async def RevokeNode(
+        self, request: wire.admin.RevokeNodeRequest, context: Any
+    ) -> wire.admin.RevokeNodeResponse:
+        who = self._caller(context, write=True)
+        node = self.app.store.get_node(request.name)
+        if node is None:
+            raise NotFound(f"node {request.name!r} not found")
+        await self.app.store.update_node(node.name, revoked=True)
+        session = self.app.hub.session(node.name)
+        if session is not None:
+            session.close()
+        log.info("node revoked", node=node.name, by=who)
+        return wire.admin.RevokeNodeResponse()
+
+    @unary
+    async def RerunSteps(
+        self, request: wire.admin.RerunStepsRequest, context: Any
+    ) -> wire.admin.RerunStepsResponse:
+        who = self._caller(context, write=True)
+        node = self.app.store.get_node(request.node)
+        if node is None:
+            raise NotFound(f"node {request.node!r} not found")
+        known = {s.name for s in self.app.store.node_steps(node.name)}
+        unknown = [s for s in request.steps if s not in known]
+        if unknown:
+            raise InvalidArgument(f"node {node.name!r} has no step(s) {', '.join(unknown)}")
+        if not self.app.hub.connected(node.name):
+            raise FailedPrecondition(f"node {node.name!r} is not connected")
+        await self.app.store.reset_steps(node.name, list(request.steps))
+        self.app.hub.send(
+            node.name,
+            wire.agent.ControllerMessage(
+                command=wire.agent.Command(
+                    id=f"rerun-{now_ms()}", rerun=wire.agent.Rerun(steps=list(request.steps))
+                )
+            ),
+        )
+        log.info("rerun requested", node=node.name, steps=list(request.steps), by=who)
+        return wire.admin.RerunStepsResponse()
+
+    # -- events -------------------------------------------------------------------------------
+
+    @unary
+    async def ListEvents(
+        self, request: wire.admin.ListEventsRequest, context: Any
+    ) -> wire.admin.ListEventsResponse:
+        self._caller(context, write=False)
+        if self.app.store.get_node(request.node) is None:
+            raise NotFound(f"node {request.node!r} not found")
+        limit = min(request.limit or MAX_EVENTS, MAX_EVENTS)
+        events = self.app.store.list_events(request.node, request.after_seq, limit)
+        return wire.admin.ListEventsResponse(
+            events=[wire.event_to_pb(_named(e, request.node)) for e in events]
+        )
+
+    @stream
+    async def FollowEvents(self, request: wire.admin.ListEventsRequest, context: Any) -> AsyncIterator[Any]:
+        self._caller(context, write=False)
+        app = self.app
+        if request.node:
+            if app.store.get_node(request.node) is None:
+                raise NotFound(f"node {request.node!r} not found")
+            nodes, key = [request.node], f"node:{request.node}"
+        elif request.environment:
+            nodes, key = (
+                [n.name for n in app.store.list_nodes(request.environment)],
+                f"env:{request.environment}",
+            )
+        else:
+            raise InvalidArgument("FollowEvents needs a node or an environment")
+        queue = app.hub.follow([key])
+        try:
+            last: dict[str, int] = {}
+            for name in nodes:
+                after = request.after_seq if request.node else 0
+                for e in app.store.list_events(name, after, MAX_EVENTS):
+                    last[name] = e.seq
+                    yield wire.event_to_pb(_named(e, name))
+            while True:
+                e = await queue.get()
+                if e.seq <= last.get(e.node, -1):
+                    continue
+                last[e.node] = e.seq
+                yield wire.event_to_pb(e)
+        finally:
+            app.hub.unfollow(queue)
+
+    # -- plans --------------------------------------------------------------------------------
+
+    @unary
+    async def RenderPlan(self, request: wire.admin.RenderPlanRequest, context: Any) -> Any:
+        self._caller(context, write=False)
+        app = self.app
+        if request.node:
+            node = app.store.get_node(request.node)
+            if node is None:
+                raise NotFound(f"node {request.node!r} not found")
+            plan = app.planner.plan(node.environment, node.role, facts_from_dict(node.facts))
+        else:
+            env = app.store.get_environment(request.environment)
+            if env is None:
+                raise NotFound(f"environment {request.environment!r} not found")
+            try:
+                role = Role.parse(request.role or "worker").value
+            except ValueError as exc:
+                raise InvalidArgument(str(exc)) from None
+            plan = app.planner.plan(env.name, role, wire.facts_from_pb(request.facts))
+        return wire.plan_to_pb(plan)
+
+    # -- not yet available --------------------------------------------------------------------
+
+    async def GetClusterHealth(self, request: Any, context: Any) -> Any:
+        self._caller(context, write=False)
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "cluster health needs cluster orchestration")
+
+    async def GetKubeconfig(self, request: Any, context: Any) -> Any:
+        self._caller(context, write=False)
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "kubeconfig export needs cluster orchestration")
+
+    async def Bootstrap(self, request: Any, context: Any) -> AsyncIterator[Any]:
+        self._caller(context, write=True)
+        await context.abort(
+            grpc.StatusCode.UNIMPLEMENTED, "bootstrap through the controller is not available yet"
+        )
+        yield  # pragma: no cover
+
+
+def _named(e: Event, node: str) -> Event:
+    return e if e.node else Event(**{**e.__dict__, "node": node})
+
+
+__all__ = ["AdminService"]

@@ -1,0 +1,323 @@
+"""AgentService: enrollment and the per-node stream (thin; the logic lives in its parts)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import re
+import time
+from collections.abc import AsyncIterator
+from dataclasses import asdict, replace
+from typing import Any
+
+import grpc
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+
+from controller import tokens, wire
+from controller.app import App
+from controller.auth import Kind
+from controller.errors import (
+    AlreadyExists,
+    InvalidArgument,
+    PermissionDenied,
+    TokenRejected,
+    Unauthenticated,
+)
+from controller.hub import Session
+from controller.rpc import unary
+from controller.store.records import NodeRecord
+from controller.tokens import TokenRecord
+from nodeagent import logs
+from nodeagent.model import Health, HostFacts, now_ms
+from nodeagent.secrets import Secret
+
+log = logs.get_logger("tether.controller.agents")
+NODE_NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?$")
+HEALTH_PERSIST_SECONDS = 60.0
+
+
+def csr_key_hash(csr_pem: bytes) -> str:
+    try:
+        csr = x509.load_pem_x509_csr(csr_pem)
+    except ValueError as exc:
+        raise InvalidArgument(f"invalid CSR: {exc}") from None
+    der = csr.public_key().public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    return hashlib.sha256(der).hexdigest()
+
+
+class AgentService(wire.AgentServiceServicer):
+    def __init__(self, app: App) -> None:
+        self.app = app
+
+    # -- Enroll -------------------------------------------------------------------------------
+
+    @unary
+    async def Enroll(self, request: wire.agent.EnrollRequest, context: Any) -> wire.agent.EnrollResponse:
+        app = self.app
+        app.auth.principal(context)  # any verified identity, usually the anonymous one
+        token = Secret(request.token)
+        node_name = request.node_name.strip().lower()
+        if not NODE_NAME_RE.match(node_name):
+            raise InvalidArgument(
+                f"invalid node name {request.node_name!r}: use lowercase letters, digits, '-' and '.'"
+            )
+        try:
+            token_id, secret_part = tokens.parse(token)
+        except TokenRejected as exc:
+            log.warning("enrollment refused", node=node_name, reason=exc.reason)
+            raise
+        key_hash = csr_key_hash(request.csr_pem)
+        facts = wire.facts_from_pb(request.facts)
+
+        def is_retry(token_rec: TokenRecord | None, existing: NodeRecord | None) -> bool:
+            # The same key asking again with the token it enrolled with (the reply was lost).
+            return (
+                token_rec is not None
+                and existing is not None
+                and not existing.revoked
+                and existing.key_hash == key_hash
+                and existing.token_id == token_rec.id
+                and tokens.hash_secret(secret_part) == token_rec.secret_hash
+            )
+
+        def check(token_rec: TokenRecord | None, existing: NodeRecord | None) -> None:
+            if is_retry(token_rec, existing):
+                return
+            tokens.check(
+                token_rec,
+                secret_part,
+                now_ms=now_ms(),
+                node_name=node_name,
+                expect_environment=request.expect_environment,
+                expect_role=request.expect_role,
+            )
+            assert token_rec is not None
+            if app.store.get_environment(token_rec.environment) is None:
+                raise TokenRejected(
+                    "scope",
+                    f"join token {token_rec.id} is scoped to environment "
+                    f"{token_rec.environment!r}, which no longer exists",
+                )
+            if existing is not None and not existing.revoked:
+                raise AlreadyExists(
+                    f"node {node_name!r} is already enrolled; revoke it first "
+                    f"(tetherctl node revoke {node_name}) to enroll a re-imaged machine"
+                )
+
+        try:
+            # Cheap read-only check first, so refused tokens never cost a signature.
+            check(app.store.get_token(token_id), app.store.get_node(node_name))
+            issued = app.ca.sign_node_csr(request.csr_pem, node_name, app.config.node_cert_days)
+
+            def decide(token_rec: TokenRecord | None, existing: NodeRecord | None) -> tuple[NodeRecord, bool]:
+                check(token_rec, existing)  # again, atomically with the use count
+                assert token_rec is not None
+                if is_retry(token_rec, existing):
+                    assert existing is not None
+                    return replace(
+                        existing,
+                        cert_fingerprint=issued.fingerprint,
+                        prev_fingerprint=existing.cert_fingerprint,
+                    ), False
+                return NodeRecord(
+                    name=node_name,
+                    environment=token_rec.environment,
+                    role=token_rec.role,
+                    cert_fingerprint=issued.fingerprint,
+                    key_hash=key_hash,
+                    token_id=token_rec.id,
+                    enrolled_ms=now_ms(),
+                    facts=asdict(facts),
+                    stored_seq=existing.stored_seq if existing else 0,
+                ), True
+
+            node = await app.store.enroll_node(token_id, node_name, decide)
+        except TokenRejected as exc:
+            log.warning("enrollment refused", node=node_name, token_id=token_id, reason=exc.reason)
+            raise
+        next_seq = max(node.stored_seq, app.store.max_seq(node_name)) + 1
+        log.info(
+            "node enrolled", node=node_name, environment=node.environment, role=node.role, token_id=token_id
+        )
+        return wire.agent.EnrollResponse(
+            certificate_pem=issued.cert_pem,
+            ca_pem=app.ca.cert_pem,
+            node_name=node_name,
+            environment=node.environment,
+            role=node.role,
+            next_seq=next_seq,
+        )
+
+    # -- Connect ------------------------------------------------------------------------------
+
+    async def Connect(  # type: ignore[override]  # writes with context.write instead of yielding
+        self, request_iterator: AsyncIterator[wire.agent.AgentMessage], context: Any
+    ) -> None:
+        app = self.app
+        try:
+            principal = app.auth.principal(context)
+            if principal.kind is not Kind.NODE:
+                raise PermissionDenied("Connect needs a node certificate (enroll first)")
+            node = app.store.get_node(principal.name)
+            if node is None or node.revoked:
+                raise PermissionDenied(f"node {principal.name!r} is revoked or unknown")
+            if principal.fingerprint not in (node.cert_fingerprint, node.prev_fingerprint):
+                raise Unauthenticated(f"the certificate of node {node.name!r} has been superseded")
+        except (PermissionDenied, Unauthenticated) as exc:
+            await context.abort(exc.code, str(exc))
+            return
+        it = request_iterator.__aiter__()
+        try:
+            first = await asyncio.wait_for(it.__anext__(), 30)
+        except (StopAsyncIteration, asyncio.TimeoutError):
+            return
+        if first.WhichOneof("kind") != "hello":
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first message must be hello")
+            return
+        session = app.hub.attach(node.name, node.environment)
+        with logs.bound(node=node.name):
+            try:
+                await self._serve(node, session, first.hello, it, context)
+            finally:
+                app.hub.detach(session)
+                with contextlib.suppress(Exception):
+                    await app.store.update_node(node.name, last_seen_ms=now_ms())
+                log.info("stream closed")
+
+    async def _serve(
+        self,
+        node: NodeRecord,
+        session: Session,
+        hello: wire.agent.Hello,
+        it: AsyncIterator[wire.agent.AgentMessage],
+        context: Any,
+    ) -> None:
+        app = self.app
+        facts = wire.facts_from_pb(hello.facts)
+        await app.store.update_node(
+            node.name, facts=asdict(facts), agent_version=hello.agent_version, last_seen_ms=now_ms()
+        )
+        await context.write(
+            wire.agent.ControllerMessage(
+                welcome=wire.agent.Welcome(node_name=node.name, stored_seq=node.stored_seq)
+            )
+        )
+        await context.write(
+            wire.agent.ControllerMessage(
+                settings=wire.agent.Settings(heartbeat_seconds=app.config.heartbeat_seconds)
+            )
+        )
+        log.info(
+            "stream open",
+            agent_version=hello.agent_version,
+            stored_seq=node.stored_seq,
+            agent_next_seq=hello.next_seq,
+        )
+        await self.deliver_plan(
+            node, facts, agent_digest=hello.plan_digest, agent_generation=hello.plan_generation
+        )
+        reader = asyncio.create_task(self._read(node, session, it))
+        closed = asyncio.create_task(session.closed.wait())
+        try:
+            while True:
+                getter = asyncio.ensure_future(session.outbox.get())
+                done, _ = await asyncio.wait({getter, reader, closed}, return_when=asyncio.FIRST_COMPLETED)
+                if getter not in done:
+                    getter.cancel()
+                    if reader in done and reader.exception() is not None:
+                        raise reader.exception()  # type: ignore[misc]
+                    return
+                await context.write(getter.result())
+        finally:
+            reader.cancel()
+            closed.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await reader
+
+    async def deliver_plan(
+        self, node: NodeRecord, facts: HostFacts, *, agent_digest: str = "", agent_generation: int = -1
+    ) -> None:
+        """Render the node's plan; record it and send it when the agent does not have it."""
+        app = self.app
+        plan = app.planner.plan(node.environment, node.role, facts)
+        current = app.store.get_node(node.name) or node
+        if plan.digest != current.plan_digest or plan.generation != current.plan_generation:
+            await app.store.set_node_plan(node.name, plan)
+        if plan.digest != agent_digest or plan.generation != agent_generation:
+            app.hub.send(node.name, wire.agent.ControllerMessage(plan=wire.plan_to_pb(plan)))
+
+    async def _read(
+        self, node: NodeRecord, session: Session, it: AsyncIterator[wire.agent.AgentMessage]
+    ) -> None:
+        app = self.app
+        async for msg in it:
+            session.last_seen = time.monotonic()
+            kind = msg.WhichOneof("kind")
+            if kind == "events":
+                await self._events(node, session, msg.events.events)
+            elif kind == "health":
+                await self._health(node, session, wire.health_from_pb(msg.health))
+            elif kind == "gate":
+                await app.gates.gate_requested(node, msg.gate.step, msg.gate.digest)
+            elif kind == "secrets":
+                s = msg.secrets
+                app.redactor.add(*s.values.values())
+                if await app.gates.secrets_received(node, s.step, dict(s.values), s.command_id):
+                    session.send(
+                        wire.agent.ControllerMessage(
+                            ack=wire.agent.Ack(seq=0, secrets=[s.command_id or s.step])
+                        )
+                    )
+            elif kind == "renew":
+                await self._renew(node, session, msg.renew.csr_pem)
+            elif kind == "hello":
+                log.warning("duplicate hello ignored")
+            else:
+                log.warning("ignoring a message kind this controller does not know", kind=kind)
+
+    async def _events(self, node: NodeRecord, session: Session, raw: Any) -> None:
+        app = self.app
+        redact = app.redactor.redact
+        events = []
+        for m in raw:
+            e = wire.event_from_pb(m)
+            if e.lines or e.message or e.observed:
+                e = replace(
+                    e,
+                    lines=tuple(redact(line) for line in e.lines),
+                    message=redact(e.message),
+                    observed={k: redact(v) for k, v in e.observed.items()},
+                )
+            events.append(e)
+        stored = await app.store.append_events(node.name, events)
+        session.send(wire.agent.ControllerMessage(ack=wire.agent.Ack(seq=stored)))
+        app.hub.publish(node.name, node.environment, [replace(e, node=node.name) for e in events])
+
+    async def _health(self, node: NodeRecord, session: Session, health: Health) -> None:
+        first = session.health is None
+        session.health = health
+        now = time.monotonic()
+        if first or now - session.health_saved >= HEALTH_PERSIST_SECONDS:
+            session.health_saved = now
+            await self.app.store.update_node(node.name, health=asdict(health), last_seen_ms=now_ms())
+
+    async def _renew(self, node: NodeRecord, session: Session, csr_pem: bytes) -> None:
+        app = self.app
+        current = app.store.get_node(node.name)
+        if current is None or current.revoked:
+            return
+        if csr_key_hash(csr_pem) != current.key_hash:
+            log.warning("certificate renewal refused: the CSR has a different key")
+            return
+        issued = app.ca.sign_node_csr(csr_pem, node.name, app.config.node_cert_days)
+        await app.store.update_node(
+            node.name, cert_fingerprint=issued.fingerprint, prev_fingerprint=current.cert_fingerprint
+        )
+        session.send(
+            wire.agent.ControllerMessage(certificate=wire.agent.Certificate(certificate_pem=issued.cert_pem))
+        )
+        log.info("certificate renewed")

@@ -1,0 +1,88 @@
+"""Who is calling: the principal behind a gRPC peer's client certificate.
+
+The TLS handshake already verified the certificate chain; here the
+certificate is mapped to a principal (node, admin, read-only admin, or the
+anonymous enrollment identity) and checked again against our CA.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+from cryptography import x509
+from cryptography.hazmat.primitives.serialization import Encoding
+
+from controller.ca import ADMIN_URI_PREFIX, NODE_URI_PREFIX, CertificateAuthority, fingerprint
+from controller.errors import PermissionDenied, Unauthenticated
+from nodeagent import anonymous
+
+
+class Kind(str, enum.Enum):
+    ANONYMOUS = "anonymous"
+    NODE = "node"
+    ADMIN = "admin"
+
+
+@dataclass(frozen=True)
+class Principal:
+    kind: Kind
+    name: str
+    role: str = ""  # admin | read-only for admins
+    fingerprint: str = ""
+
+    def require_admin(self, *, write: bool) -> None:
+        if self.kind is not Kind.ADMIN:
+            raise PermissionDenied(f"{self.kind.value} identities may not use the admin API")
+        if write and self.role != "admin":
+            raise PermissionDenied(f"admin {self.name!r} is read-only")
+
+
+ANONYMOUS = Principal(Kind.ANONYMOUS, "anonymous")
+
+
+class Authenticator:
+    """Maps peer certificates to principals, with a small cache (streams reconnect a lot)."""
+
+    def __init__(self, ca: CertificateAuthority, cache_size: int = 50_000) -> None:
+        self._ca = ca
+        self._cache: OrderedDict[bytes, Principal] = OrderedDict()
+        self._cache_size = cache_size
+        self._anonymous_der = x509.load_pem_x509_certificate(anonymous.CERT_PEM).public_bytes(Encoding.DER)
+
+    def principal(self, context: Any) -> Principal:
+        values = context.auth_context().get("x509_pem_cert")
+        if not values:
+            raise Unauthenticated("a client certificate is required")
+        pem: bytes = values[0]
+        cached = self._cache.get(pem)
+        if cached is not None:
+            self._cache.move_to_end(pem)
+            return cached
+        principal = self._classify(pem)
+        self._cache[pem] = principal
+        if len(self._cache) > self._cache_size:
+            self._cache.popitem(last=False)
+        return principal
+
+    def _classify(self, pem: bytes) -> Principal:
+        cert = x509.load_pem_x509_certificate(pem)
+        if cert.public_bytes(Encoding.DER) == self._anonymous_der:
+            return ANONYMOUS
+        if not self._ca.verify_issued(cert):
+            raise Unauthenticated("client certificate was not issued by this controller")
+        try:
+            sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+            uris = sans.get_values_for_type(x509.UniformResourceIdentifier)
+        except x509.ExtensionNotFound:
+            uris = []
+        fp = fingerprint(cert)
+        for uri in uris:
+            if uri.startswith(NODE_URI_PREFIX):
+                return Principal(Kind.NODE, uri.removeprefix(NODE_URI_PREFIX), fingerprint=fp)
+            if uri.startswith(ADMIN_URI_PREFIX):
+                role, _, name = uri.removeprefix(ADMIN_URI_PREFIX).partition("/")
+                return Principal(Kind.ADMIN, name, role=role, fingerprint=fp)
+        raise Unauthenticated("client certificate carries no tether identity")

@@ -1,0 +1,1 @@
+"""tetherctl: the admin command line (a thin client of the admin gRPC API)."""

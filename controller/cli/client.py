@@ -1,0 +1,54 @@
+"""The admin connection: admin.conf -> an authenticated AdminService stub, errors mapped once."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import grpc
+
+from controller import wire
+from controller.adminconf import AdminConfig
+from nodeagent.identity import CONTROLLER_SERVER_NAME
+
+DEFAULT_CONFIG = Path.home() / ".config" / "tether" / "admin.conf"
+
+
+class CliError(Exception):
+    """A message for the operator; tetherctl prints it on stderr and exits non-zero."""
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def config_path(flag: str | None) -> Path:
+    if flag:
+        return Path(flag)
+    env = os.environ.get("TETHER_CONFIG")
+    if env:
+        return Path(env)
+    return DEFAULT_CONFIG
+
+
+def connect(flag: str | None) -> tuple[wire.AdminServiceStub, AdminConfig, grpc.Channel]:
+    path = config_path(flag)
+    try:
+        conf = AdminConfig.read(path)
+    except Exception as exc:
+        raise CliError(f"{exc} (use --config or TETHER_CONFIG)") from None
+    creds = grpc.ssl_channel_credentials(conf.ca_pem, conf.key_pem, conf.cert_pem)
+    channel = grpc.secure_channel(
+        conf.controller, creds, options=[("grpc.ssl_target_name_override", CONTROLLER_SERVER_NAME)]
+    )
+    return wire.AdminServiceStub(channel), conf, channel
+
+
+def explain(exc: grpc.RpcError, address: str = "") -> CliError:
+    code = exc.code() if hasattr(exc, "code") else None
+    details = exc.details() if hasattr(exc, "details") else str(exc)
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return CliError(f"cannot reach the controller at {address}: {details}")
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return CliError(f"the controller at {address} did not answer in time")
+    return CliError(details or (code.name if code else "request failed"))

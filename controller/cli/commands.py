@@ -1,0 +1,410 @@
+"""tetherctl verbs: each takes the parsed arguments and returns the exit code."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from controller import tokens, wire
+from controller.cli.client import CliError, connect, explain
+from controller.cli.output import ago, emit, table, to_dict, when
+from controller.render import NodeContext, render
+from controller.render.targets import facts_for
+from controller.spec import SpecError, load_document
+from nodeagent.model import Event, Plan
+
+
+def _read(path: str) -> str:
+    if path == "-":
+        return sys.stdin.read()
+    try:
+        return Path(path).read_text()
+    except OSError as exc:
+        raise CliError(f"cannot read {path}: {exc.strerror}") from None
+
+
+class _Session:
+    """Lazily connected stub; RPC errors become one clear message."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.stub, self.conf, self.channel = connect(args.config)
+        self.timeout = args.timeout
+
+    def call(self, method: str, request: Any) -> Any:
+        try:
+            return getattr(self.stub, method)(request, timeout=self.timeout)
+        except grpc.RpcError as exc:
+            raise explain(exc, self.conf.controller) from None
+
+
+# -- environments ------------------------------------------------------------------------------
+
+
+def env_apply(args: argparse.Namespace) -> int:
+    document = _read(args.file)
+    s = _Session(args)
+    try:
+        reply = s.stub.ApplyEnvironment(
+            wire.admin.ApplyEnvironmentRequest(document=document, dry_run=args.dry_run), timeout=s.timeout
+        )
+    except grpc.RpcError as exc:
+        if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
+            for line in (exc.details() or "").splitlines():
+                print(line, file=sys.stderr)
+            return 1
+        raise explain(exc, s.conf.controller) from None
+    env = reply.environment
+    for note in reply.notes:
+        print(f"note: {note}", file=sys.stderr)
+    if args.dry_run:
+        print(f"environment/{env.name} valid (dry run, nothing stored)")
+    elif reply.changed:
+        print(f"environment/{env.name} applied (generation {env.generation})")
+    else:
+        print(f"environment/{env.name} unchanged (generation {env.generation})")
+    return 0
+
+
+def env_get(args: argparse.Namespace) -> int:
+    env = _Session(args).call("GetEnvironment", wire.admin.GetEnvironmentRequest(name=args.name))
+    data = to_dict(env)
+    emit(data, args.output)
+    return 0
+
+
+def env_list(args: argparse.Namespace) -> int:
+    reply = _Session(args).call("ListEnvironments", wire.admin.ListEnvironmentsRequest())
+    if args.output != "table":
+        data = [{k: v for k, v in to_dict(e).items() if k != "document"} for e in reply.environments]
+        emit(data, args.output)
+        return 0
+    table(
+        [(e.name, e.generation, e.node_count, e.api_version, when(e.updated_ms)) for e in reply.environments],
+        ("NAME", "GENERATION", "NODES", "API VERSION", "UPDATED"),
+    )
+    return 0
+
+
+def env_delete(args: argparse.Namespace) -> int:
+    _Session(args).call(
+        "DeleteEnvironment", wire.admin.DeleteEnvironmentRequest(name=args.name, force=args.force)
+    )
+    print(f"environment/{args.name} deleted")
+    return 0
+
+
+def env_validate(args: argparse.Namespace) -> int:
+    try:
+        loaded = load_document(_read(args.file))
+    except SpecError as exc:
+        for problem in exc.problems:
+            print(problem)
+        return 1
+    for note in loaded.notes:
+        print(f"note: {note}", file=sys.stderr)
+    print("valid")
+    return 0
+
+
+def env_render(args: argparse.Namespace) -> int:
+    try:
+        loaded = load_document(_read(args.file))
+    except SpecError as exc:
+        for problem in exc.problems:
+            print(problem, file=sys.stderr)
+        return 1
+    try:
+        facts = facts_for(args.os, gpu=args.gpu, arch=args.arch)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    rendered = render(loaded.spec, NodeContext(role=args.role, facts=facts))
+    plan = Plan.build(rendered.steps, environment=loaded.spec.name, role=args.role)
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        for i, step in enumerate(plan.steps, 1):
+            (out / f"{i:02d}-{step.name}.sh").write_text(step.script)
+        print(f"wrote {len(plan.steps)} steps to {out}")
+        return 0
+    _print_plan(plan)
+    return 0
+
+
+def _print_plan(plan: Plan) -> None:
+    print(
+        f"# plan for environment {plan.environment}, role {plan.role}: {len(plan.steps)} steps, "
+        f"digest {plan.digest[:12]}"
+    )
+    for i, step in enumerate(plan.steps, 1):
+        flags = []
+        if step.gate:
+            flags.append(f"gate={step.gate}")
+        if step.reboot:
+            flags.append("reboot")
+        if step.continue_on_error:
+            flags.append("continue-on-error")
+        print(
+            f"\n# --- {i:02d} {step.name} (phase {step.phase or '-'}, timeout {step.timeout_seconds}s"
+            f"{', ' + ', '.join(flags) if flags else ''}) ---"
+        )
+        for k in sorted(step.env):
+            print(f"# env {k}={step.env[k]!r}")
+        for k in step.secret_env:
+            print(f"# env {k}=<secret, delivered just in time>")
+        print(step.script.rstrip("\n"))
+
+
+# -- tokens ------------------------------------------------------------------------------------
+
+
+def token_create(args: argparse.Namespace) -> int:
+    try:
+        ttl = tokens.parse_duration(args.ttl)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    if args.uses < 1:
+        raise CliError("--uses must be at least 1")
+    s = _Session(args)
+    reply = s.call(
+        "CreateToken",
+        wire.admin.CreateTokenRequest(
+            environment=args.environment,
+            role=args.role,
+            ttl_seconds=ttl,
+            uses=args.uses,
+            node_name=args.node_name,
+            description=args.description,
+        ),
+    )
+    if args.print_join_command:
+        cmd = (
+            f"tether-agent run --controller {reply.controller} --token {reply.token} "
+            f"--ca-hash {reply.ca_hash}"
+        )
+        if args.node_name:
+            cmd += f" --node-name {args.node_name}"
+        print(cmd)
+    else:
+        print(reply.token)
+    return 0
+
+
+def token_list(args: argparse.Namespace) -> int:
+    reply = _Session(args).call("ListTokens", wire.admin.ListTokensRequest(environment=args.environment))
+    if args.output != "table":
+        emit([to_dict(t) for t in reply.tokens], args.output)
+        return 0
+    table(
+        [
+            (
+                t.id,
+                t.environment,
+                t.role,
+                t.node_name or "-",
+                f"{t.uses}/{t.max_uses}",
+                "revoked" if t.revoked else when(t.expires_ms),
+                t.description,
+            )
+            for t in reply.tokens
+        ],
+        ("ID", "ENVIRONMENT", "ROLE", "NODE", "USES", "EXPIRES", "DESCRIPTION"),
+    )
+    return 0
+
+
+def token_revoke(args: argparse.Namespace) -> int:
+    _Session(args).call("RevokeToken", wire.admin.RevokeTokenRequest(id=args.id))
+    print(f"token/{args.id} revoked")
+    return 0
+
+
+# -- nodes -------------------------------------------------------------------------------------
+
+
+def _node_summary(n: Any) -> dict[str, Any]:
+    return {
+        "name": n.name,
+        "environment": n.environment,
+        "role": n.role,
+        "state": n.state,
+        "connected": n.connected,
+        "last_seen_ms": n.last_seen_ms,
+        "enrolled_ms": n.enrolled_ms,
+        "agent_version": n.agent_version,
+        "plan_generation": n.plan_generation,
+        "os": n.facts.os_pretty,
+        "arch": n.facts.arch,
+        "kernel": n.facts.kernel,
+        "gpus": len(n.facts.gpus) if n.facts.gpus else (1 if n.facts.nvidia_gpu else 0),
+        "addresses": list(n.facts.addresses),
+    }
+
+
+def node_list(args: argparse.Namespace) -> int:
+    reply = _Session(args).call("ListNodes", wire.admin.ListNodesRequest(environment=args.environment))
+    if args.output != "table":
+        emit([_node_summary(n) for n in reply.nodes], args.output)
+        return 0
+    table(
+        [
+            (
+                n.name,
+                n.environment,
+                n.role,
+                n.state,
+                n.facts.os_pretty or "-",
+                n.agent_version or "-",
+                "now" if n.connected else ago(n.last_seen_ms),
+            )
+            for n in reply.nodes
+        ],
+        ("NAME", "ENVIRONMENT", "ROLE", "STATE", "OS", "AGENT", "SEEN"),
+    )
+    return 0
+
+
+def node_describe(args: argparse.Namespace) -> int:
+    n = _Session(args).call("GetNode", wire.admin.GetNodeRequest(name=args.name))
+    if args.output != "text":
+        data = _node_summary(n)
+        data["facts"] = to_dict(n.facts)
+        data["health"] = to_dict(n.health)
+        data["steps"] = [to_dict(s) for s in n.steps]
+        emit(data, args.output)
+        return 0
+    print(f"Name:         {n.name}")
+    print(f"Environment:  {n.environment}")
+    print(f"Role:         {n.role}")
+    print(f"State:        {n.state}{'' if n.connected else ' (last seen ' + ago(n.last_seen_ms) + ')'}")
+    print(f"Enrolled:     {when(n.enrolled_ms)}")
+    print(f"Agent:        {n.agent_version or '-'}")
+    print(f"OS:           {n.facts.os_pretty or '-'} ({n.facts.arch or '?'}, kernel {n.facts.kernel or '?'})")
+    print(f"Addresses:    {', '.join(n.facts.addresses) or '-'}")
+    gpus = ", ".join(
+        f"{g.index}: {g.name} ({g.memory_total_mib} MiB, driver {g.driver_version})" for g in n.facts.gpus
+    ) or ("NVIDIA device present, no driver" if n.facts.nvidia_gpu else "none")
+    print(f"GPUs:         {gpus}")
+    if n.HasField("health") and n.health.time_ms:
+        h = n.health
+        mem = f"{h.memory_available_bytes / 2**30:.1f}/{h.memory_total_bytes / 2**30:.1f} GiB free"
+        disk = f"{h.disk_free_bytes / 2**30:.1f}/{h.disk_total_bytes / 2**30:.1f} GiB free"
+        print(
+            f"Health:       load {h.load1:.2f}, memory {mem}, disk {disk}, up {int(h.uptime_seconds)}s "
+            f"(reported {ago(h.time_ms)})"
+        )
+        if h.services:
+            print("Services:     " + ", ".join(f"{k}={v}" for k, v in sorted(h.services.items())))
+    print(f"Plan:         generation {n.plan_generation}, digest {n.plan_digest[:12] or '-'}")
+    print("Steps:")
+    table(
+        [
+            (
+                s.name,
+                s.state,
+                s.attempt or "-",
+                s.exit_code if s.state in ("failed", "succeeded") else "-",
+                _kv(s.requested) or "-",
+                _kv(s.observed) or "-",
+                s.message or "",
+            )
+            for s in n.steps
+        ],
+        ("  STEP", "STATE", "ATTEMPT", "EXIT", "REQUESTED", "OBSERVED", "MESSAGE"),
+    )
+    return 0
+
+
+def _kv(m: Any) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(m.items()))
+
+
+def node_revoke(args: argparse.Namespace) -> int:
+    _Session(args).call("RevokeNode", wire.admin.RevokeNodeRequest(name=args.name))
+    print(f"node/{args.name} revoked")
+    return 0
+
+
+def node_rerun(args: argparse.Namespace) -> int:
+    _Session(args).call("RerunSteps", wire.admin.RerunStepsRequest(node=args.name, steps=args.step))
+    print(f"node/{args.name}: rerun of {', '.join(args.step) or 'all steps'} requested")
+    return 0
+
+
+# -- events ------------------------------------------------------------------------------------
+
+
+def _print_event(e: Event, node_column: bool) -> None:
+    prefix = f"{e.node} " if node_column else ""
+    head = f"{prefix}#{e.seq} {when(e.time_ms)} {e.kind.label:<9} {e.step or '-'}"
+    extra = []
+    if e.attempt > 1:
+        extra.append(f"attempt {e.attempt}")
+    if e.kind.label in ("succeeded", "failed"):
+        extra.append(f"exit {e.exit_code}")
+        extra.append(f"{e.duration_seconds:.2f}s")
+    if e.message:
+        extra.append(e.message)
+    if e.observed:
+        extra.append("observed " + ", ".join(f"{k}={v}" for k, v in sorted(e.observed.items())))
+    print(head + (" (" + "; ".join(extra) + ")" if extra else ""), flush=not e.lines)
+    for line in e.lines:
+        print(f"    | {line}")
+    sys.stdout.flush()
+
+
+def events(args: argparse.Namespace) -> int:
+    if not args.node and not (args.follow and args.environment):
+        raise CliError("--node is required (or --env with --follow)")
+    s = _Session(args)
+    request = wire.admin.ListEventsRequest(node=args.node, after_seq=args.after, environment=args.environment)
+    if not args.follow:
+        reply = s.call("ListEvents", request)
+        evs = [wire.event_from_pb(m) for m in reply.events]
+        if args.output == "json":
+            emit([e.to_json() for e in evs], "json")
+        else:
+            for e in evs:
+                _print_event(e, False)
+        return 0
+    try:
+        for m in s.stub.FollowEvents(request):
+            e = wire.event_from_pb(m)
+            if args.output == "json":
+                print(json.dumps(e.to_json()), flush=True)
+            else:
+                _print_event(e, not args.node)
+    except grpc.RpcError as exc:
+        if exc.code() == grpc.StatusCode.CANCELLED:
+            return 0
+        raise explain(exc, s.conf.controller) from None
+    return 0
+
+
+# -- plans -------------------------------------------------------------------------------------
+
+
+def plan(args: argparse.Namespace) -> int:
+    s = _Session(args)
+    if args.node:
+        request = wire.admin.RenderPlanRequest(node=args.node)
+    elif args.environment:
+        try:
+            facts = facts_for(args.os)
+        except ValueError as exc:
+            raise CliError(str(exc)) from None
+        request = wire.admin.RenderPlanRequest(
+            environment=args.environment, role=args.role, facts=wire.facts_to_pb(facts)
+        )
+    else:
+        raise CliError("--node or --env is required")
+    p = wire.plan_from_pb(s.call("RenderPlan", request))
+    if args.output == "json":
+        emit(to_dict(wire.plan_to_pb(p)), "json")
+    else:
+        _print_plan(p)
+    return 0

@@ -1,0 +1,156 @@
+"""``tetherctl``: drive a tether controller.
+
+    tetherctl [--config admin.conf] env apply -f ENV.yaml | get NAME | list | delete NAME
+    tetherctl env validate -f ENV.yaml            (offline)
+    tetherctl env render -f ENV.yaml [--role R] [--os OS] [--gpu|--no-gpu] [--out DIR]   (offline)
+    tetherctl token create --env NAME --role ROLE [--ttl 15m] [--uses 1] [--print-join-command]
+    tetherctl node list | describe NAME | revoke NAME | rerun NAME [--step S]
+    tetherctl events --node NAME [--follow] [-o json]
+    tetherctl plan --node NAME | --env NAME --role ROLE
+
+The admin config comes from --config, else $TETHER_CONFIG, else ~/.config/tether/admin.conf.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+
+import grpc
+
+from controller.cli import commands
+from controller.cli.client import CliError, explain
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="tetherctl",
+        description="tether admin CLI",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__,
+    )
+    p.add_argument("--config", help="admin config (default: $TETHER_CONFIG or ~/.config/tether/admin.conf)")
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the controller")
+    sub = p.add_subparsers(dest="group", required=True)
+
+    def out_flag(sp: argparse.ArgumentParser, choices: tuple[str, ...] = ("table", "json", "yaml")) -> None:
+        sp.add_argument("-o", "--output", choices=choices, default=choices[0])
+
+    env = sub.add_parser("env", help="environments").add_subparsers(dest="verb", required=True)
+    a = env.add_parser("apply", help="create or update an environment from a YAML file")
+    a.add_argument("-f", "--file", required=True, help="Environment YAML ('-' for stdin)")
+    a.add_argument("--dry-run", action="store_true", help="validate on the controller, store nothing")
+    a.set_defaults(func=commands.env_apply)
+    g = env.add_parser("get", help="show one environment")
+    g.add_argument("name")
+    out_flag(g, ("yaml", "json"))
+    g.set_defaults(func=commands.env_get)
+    ls = env.add_parser("list", help="list environments")
+    out_flag(ls)
+    ls.set_defaults(func=commands.env_list)
+    d = env.add_parser("delete", help="delete an environment")
+    d.add_argument("name")
+    d.add_argument("--force", action="store_true", help="even if nodes are still enrolled")
+    d.set_defaults(func=commands.env_delete)
+    v = env.add_parser("validate", help="check an Environment file offline (no controller needed)")
+    v.add_argument("-f", "--file", required=True)
+    v.set_defaults(func=commands.env_validate, offline=True)
+    r = env.add_parser("render", help="print the plan a node would get, offline")
+    r.add_argument("-f", "--file", required=True)
+    r.add_argument("--role", default="worker", choices=("control-plane", "worker"))
+    r.add_argument(
+        "--os",
+        default="ubuntu-22.04",
+        help="ubuntu-22.04, ubuntu-24.04, debian-12, rocky-9, fedora-42 or amazon-linux-2023",
+    )
+    gpu = r.add_mutually_exclusive_group()
+    gpu.add_argument(
+        "--gpu", dest="gpu", action="store_true", default=True, help="the node has an NVIDIA GPU"
+    )
+    gpu.add_argument("--no-gpu", dest="gpu", action="store_false")
+    r.add_argument("--arch", default="amd64", choices=("amd64", "arm64"))
+    r.add_argument("--out", help="write one file per step (NN-step-name.sh) into this directory")
+    r.set_defaults(func=commands.env_render, offline=True)
+
+    tok = sub.add_parser("token", help="join tokens").add_subparsers(dest="verb", required=True)
+    c = tok.add_parser("create", help="create a join token (printed once)")
+    c.add_argument("--env", required=True, dest="environment")
+    c.add_argument("--role", default="worker")
+    c.add_argument("--ttl", default="24h", help="lifetime, e.g. 15m, 2h, 7d (default 24h)")
+    c.add_argument("--uses", type=int, default=1, help="how many nodes may use it (default 1)")
+    c.add_argument("--node-name", default="", help="only this node may use it")
+    c.add_argument("--description", default="")
+    c.add_argument(
+        "--print-join-command",
+        action="store_true",
+        help="print the full tether-agent command line instead of the bare token",
+    )
+    c.set_defaults(func=commands.token_create)
+    tl = tok.add_parser("list", help="list join tokens (never their secrets)")
+    tl.add_argument("--env", dest="environment", default="")
+    out_flag(tl)
+    tl.set_defaults(func=commands.token_list)
+    tr = tok.add_parser("revoke", help="revoke a join token")
+    tr.add_argument("id")
+    tr.set_defaults(func=commands.token_revoke)
+
+    node = sub.add_parser("node", help="nodes").add_subparsers(dest="verb", required=True)
+    nl = node.add_parser("list", help="list nodes")
+    nl.add_argument("--env", dest="environment", default="")
+    out_flag(nl)
+    nl.set_defaults(func=commands.node_list)
+    nd = node.add_parser("describe", help="a node's facts, health and steps (requested vs observed)")
+    nd.add_argument("name")
+    out_flag(nd, ("text", "json", "yaml"))
+    nd.set_defaults(func=commands.node_describe)
+    nr = node.add_parser("revoke", help="revoke a node's identity (it can enroll again with a new token)")
+    nr.add_argument("name")
+    nr.set_defaults(func=commands.node_revoke)
+    nx = node.add_parser("rerun", help="run steps of a node again")
+    nx.add_argument("name")
+    nx.add_argument("--step", action="append", default=[], help="step name (repeatable; default: all)")
+    nx.set_defaults(func=commands.node_rerun)
+
+    ev = sub.add_parser("events", help="a node's events, in order")
+    ev.add_argument("--node", default="")
+    ev.add_argument(
+        "--env", dest="environment", default="", help="with --follow: every node of an environment"
+    )
+    ev.add_argument("--after", type=int, default=0, help="only events after this sequence number")
+    ev.add_argument("--follow", "-f", action="store_true", help="keep streaming new events")
+    out_flag(ev, ("text", "json"))
+    ev.set_defaults(func=commands.events)
+
+    pl = sub.add_parser("plan", help="the plan the controller renders for a node")
+    pl.add_argument("--node", default="")
+    pl.add_argument("--env", dest="environment", default="")
+    pl.add_argument("--role", default="worker")
+    pl.add_argument("--os", default="ubuntu-22.04")
+    out_flag(pl, ("text", "json"))
+    pl.set_defaults(func=commands.plan)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    func: Callable[[argparse.Namespace], int] = args.func
+    try:
+        return func(args)
+    except CliError as exc:
+        for line in str(exc).splitlines() or [""]:
+            print(f"tetherctl: {line}" if line else "tetherctl: error", file=sys.stderr)
+        return exc.exit_code
+    except grpc.RpcError as exc:
+        err = explain(exc)
+        for line in str(err).splitlines():
+            print(f"tetherctl: {line}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,19 @@
+"""Controller settings (from ``tether-controller serve`` flags)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    data_dir: Path
+    listen: str = "127.0.0.1:7443"
+    advertise: str = ""  # address agents are told to use (default: the listen address)
+    extra_sans: tuple[str, ...] = field(default=())
+    heartbeat_seconds: int = 30
+    node_cert_days: float = 30.0
+    log_level: str = "info"
+    # A node that has not streamed for this long counts as offline even if a stream looks open.
+    offline_after_seconds: float = 90.0

@@ -1,0 +1,87 @@
+"""``tether-controller``: run the controller.
+
+tether-controller serve [--listen HOST:PORT] [--data-dir DIR] [--advertise HOST:PORT] [--san NAME ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+
+from controller.config import ControllerConfig
+from nodeagent import logs
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tether-controller", description="tether controller")
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("serve", help="run the gRPC controller")
+    s.add_argument(
+        "--listen", default="127.0.0.1:7443", help="HOST:PORT to listen on (port 0: pick a free one)"
+    )
+    s.add_argument(
+        "--data-dir",
+        type=Path,
+        default=Path("/var/lib/tether-controller"),
+        help="state directory: SQLite store, CA, admin.conf",
+    )
+    s.add_argument(
+        "--advertise", default="", help="HOST:PORT agents should use (default: the listen address)"
+    )
+    s.add_argument("--san", action="append", default=[], help="extra name or IP for the serving certificate")
+    s.add_argument("--heartbeat-seconds", type=int, default=30, help="agents' health report interval")
+    s.add_argument("--node-cert-days", type=float, default=30.0, help="lifetime of node certificates")
+    s.add_argument("--log-level", default="info")
+    sub.add_parser("version", help="print the version")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "version":
+        from controller import __version__
+
+        print(__version__)
+        return 0
+    logs.configure(args.log_level)
+    config = ControllerConfig(
+        data_dir=args.data_dir,
+        listen=args.listen,
+        advertise=args.advertise,
+        extra_sans=tuple(args.san),
+        heartbeat_seconds=args.heartbeat_seconds,
+        node_cert_days=args.node_cert_days,
+        log_level=args.log_level,
+    )
+
+    def ready(address: str) -> None:
+        print(
+            f"tether-controller listening on {address} (admin config: {args.data_dir / 'admin.conf'})",
+            flush=True,
+        )
+
+    try:
+        from controller.server import serve
+
+        _install_uvloop()
+        asyncio.run(serve(config, on_ready=ready))
+    except OSError as exc:
+        print(f"tether-controller: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+def _install_uvloop() -> None:
+    try:
+        import uvloop
+    except ImportError:
+        return
+    uvloop.install()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

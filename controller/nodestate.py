@@ -1,0 +1,32 @@
+"""A node's state as operators see it, derived from its steps and its stream."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+
+from controller.store.records import NodeRecord, StepRecord
+
+DONE_STATES = frozenset({"succeeded", "skipped"})
+
+
+class NodeState(str, enum.Enum):
+    PROVISIONING = "provisioning"
+    PROVISIONED = "provisioned"
+    FAILED = "failed"
+    OFFLINE = "offline"
+    REVOKED = "revoked"
+
+
+def node_state(node: NodeRecord, steps: Sequence[StepRecord], connected: bool) -> NodeState:
+    if node.revoked:
+        return NodeState.REVOKED
+    if not connected:
+        return NodeState.OFFLINE
+    if not node.plan_digest:
+        return NodeState.PROVISIONING  # no plan delivered yet
+    if any(s.state == "failed" and not s.continue_on_error for s in steps):
+        return NodeState.FAILED
+    if all(s.state in DONE_STATES or (s.state == "failed" and s.continue_on_error) for s in steps):
+        return NodeState.PROVISIONED
+    return NodeState.PROVISIONING

@@ -1,0 +1,162 @@
+"""Builds and runs the controller's gRPC server (one port, mutual TLS on every call)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import socket
+from collections.abc import Callable
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from controller import wire
+from controller.admin_service import AdminService
+from controller.adminconf import AdminConfig
+from controller.agent_service import AgentService
+from controller.app import App
+from controller.auth import Authenticator
+from controller.ca import CertificateAuthority
+from controller.config import ControllerConfig
+from controller.hub import Hub
+from controller.planner import Planner
+from controller.store import SqliteStore
+from nodeagent import anonymous, logs
+from nodeagent.facts import local_addresses
+from nodeagent.identity import split_address
+
+log = logs.get_logger("tether.controller")
+
+SERVER_OPTIONS: list[tuple[str, int]] = [
+    ("grpc.so_reuseport", 0),  # a second controller on the same port must fail, not share it
+    ("grpc.keepalive_time_ms", 60_000),
+    ("grpc.keepalive_timeout_ms", 20_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
+    ("grpc.http2.max_ping_strikes", 0),
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+    ("grpc.max_send_message_length", 64 * 1024 * 1024),
+]
+
+WILDCARDS = ("0.0.0.0", "::", "")  # noqa: S104 (recognised, not bound)
+
+
+def _join_host(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class Controller:
+    """A running controller; ``start`` binds and writes admin.conf, ``wait`` blocks until stopped."""
+
+    def __init__(self, config: ControllerConfig) -> None:
+        self.config = config
+        self.server: grpc.aio.Server | None = None
+        self.app: App | None = None
+        self.address = ""
+
+    async def start(self) -> App:
+        config = self.config
+        config.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        ca = CertificateAuthority.load_or_create(config.data_dir / "pki")
+        store = SqliteStore(config.data_dir / "tether.db")
+        host, _ = split_address(config.listen)
+        hosts = [host, *config.extra_sans]
+        advertise_host = host
+        if host in WILDCARDS:
+            addrs = local_addresses()
+            hosts.extend(addrs)
+            advertise_host = addrs[0] if addrs else "127.0.0.1"
+        if config.advertise:
+            hosts.append(split_address(config.advertise)[0] if ":" in config.advertise else config.advertise)
+        key_pem, chain_pem = ca.server_credentials(hosts)
+        creds = grpc.ssl_server_credentials(
+            [(key_pem, chain_pem)],
+            root_certificates=ca.cert_pem + anonymous.CERT_PEM,
+            require_client_auth=True,
+        )
+        server = grpc.aio.server(options=SERVER_OPTIONS)
+        bound = server.add_secure_port(config.listen, creds)
+        if bound == 0:
+            await store.close()
+            raise OSError(f"cannot listen on {config.listen}")
+        self.address = _join_host(host, bound)
+        advertise = config.advertise or _join_host(advertise_host, bound)
+        app = App(
+            config=config,
+            ca=ca,
+            store=store,
+            auth=Authenticator(ca),
+            hub=Hub(),
+            planner=Planner(store),
+            advertise=advertise,
+        )
+        agents = AgentService(app)
+        wire.add_agent(agents, server)
+        wire.add_admin(AdminService(app, agents), server)
+        health_servicer = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        names = (*wire.SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME)
+        reflection.enable_server_reflection(names, server)
+        await server.start()
+        for name in ("", *wire.SERVICE_NAMES):
+            await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+        self._write_admin_conf(ca, advertise if host in WILDCARDS else self.address)
+        self.server, self.app = server, app
+        log.info(
+            "controller started",
+            address=self.address,
+            advertise=advertise,
+            ca_hash=ca.ca_hash,
+            data_dir=str(config.data_dir),
+        )
+        return app
+
+    def _write_admin_conf(self, ca: CertificateAuthority, address: str) -> None:
+        path = self.config.data_dir / "admin.conf"
+        if path.exists():
+            current = AdminConfig.read(path)
+            if current.controller != address:
+                AdminConfig(
+                    address,
+                    current.ca_hash,
+                    current.ca_pem,
+                    current.cert_pem,
+                    current.key_pem,
+                    current.name,
+                    current.role,
+                ).write(path)
+            return
+        key_pem, issued = ca.issue_admin(socket.gethostname() or "admin", "admin")
+        AdminConfig(address, ca.ca_hash, ca.cert_pem, issued.cert_pem, key_pem).write(path)
+        log.info("admin credentials written", path=str(path))
+
+    async def stop(self, grace: float = 5.0) -> None:
+        if self.server is not None:
+            await self.server.stop(grace)
+        if self.app is not None:
+            await self.app.store.close()
+
+    async def wait(self) -> None:
+        assert self.server is not None
+        await self.server.wait_for_termination()
+
+
+async def serve(config: ControllerConfig, on_ready: Callable[[str], None] | None = None) -> None:
+    controller = Controller(config)
+    await controller.start()
+    if on_ready is not None:
+        on_ready(controller.address)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    waiter = asyncio.ensure_future(controller.wait())
+    stopper = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    log.info("controller stopping")
+    await controller.stop()
+    waiter.cancel()
+    stopper.cancel()

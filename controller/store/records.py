@@ -1,0 +1,54 @@
+"""Rows the store hands out (plain frozen dataclasses, no SQL)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class EnvironmentRecord:
+    name: str
+    document: str
+    api_version: str
+    spec: Mapping[str, Any]
+    generation: int
+    created_ms: int
+    updated_ms: int
+
+
+@dataclass(frozen=True)
+class NodeRecord:
+    name: str
+    environment: str
+    role: str
+    cert_fingerprint: str
+    key_hash: str
+    token_id: str
+    enrolled_ms: int
+    revoked: bool = False
+    facts: Mapping[str, Any] = field(default_factory=dict)
+    health: Mapping[str, Any] = field(default_factory=dict)
+    last_seen_ms: int = 0
+    agent_version: str = ""
+    plan_generation: int = 0
+    plan_digest: str = ""
+    stored_seq: int = 0
+    prev_fingerprint: str = ""
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    node: str
+    ordinal: int
+    name: str
+    digest: str
+    state: str
+    component: str = ""
+    continue_on_error: bool = False
+    exit_code: int = 0
+    attempt: int = 0
+    updated_ms: int = 0
+    message: str = ""
+    observed: Mapping[str, str] = field(default_factory=dict)

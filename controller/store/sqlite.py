@@ -1,0 +1,608 @@
+"""The embedded store: one SQLite file in WAL mode.
+
+Writes go through one writer thread that commits in groups: every write
+queued while the previous commit was running lands in the next transaction
+(each in its own savepoint), so thousands of agents share a few fsyncs per
+second and an acknowledged event is on disk (``synchronous=FULL``). Reads use
+a separate connection and never wait for the writer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import queue
+import sqlite3
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from controller.store.records import EnvironmentRecord, NodeRecord, StepRecord
+from controller.tokens import TokenRecord
+from nodeagent.model import Event, EventKind, Plan, now_ms
+
+T = TypeVar("T")
+WriteFn = Callable[[sqlite3.Connection], Any]
+
+SCHEMA_VERSION = 1
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS environments (
+    name TEXT PRIMARY KEY, document TEXT NOT NULL, api_version TEXT NOT NULL, spec TEXT NOT NULL,
+    generation INTEGER NOT NULL, created_ms INTEGER NOT NULL, updated_ms INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS tokens (
+    id TEXT PRIMARY KEY, secret_hash TEXT NOT NULL, environment TEXT NOT NULL, role TEXT NOT NULL,
+    node_name TEXT NOT NULL, expires_ms INTEGER NOT NULL, max_uses INTEGER NOT NULL, uses INTEGER NOT NULL,
+    revoked INTEGER NOT NULL, created_ms INTEGER NOT NULL, description TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS nodes (
+    name TEXT PRIMARY KEY, environment TEXT NOT NULL, role TEXT NOT NULL, cert_fingerprint TEXT NOT NULL,
+    prev_fingerprint TEXT NOT NULL DEFAULT '', key_hash TEXT NOT NULL, token_id TEXT NOT NULL,
+    enrolled_ms INTEGER NOT NULL, revoked INTEGER NOT NULL DEFAULT 0, facts TEXT NOT NULL DEFAULT '{}',
+    health TEXT NOT NULL DEFAULT '{}', last_seen_ms INTEGER NOT NULL DEFAULT 0,
+    agent_version TEXT NOT NULL DEFAULT '', plan_generation INTEGER NOT NULL DEFAULT 0,
+    plan_digest TEXT NOT NULL DEFAULT '', stored_seq INTEGER NOT NULL DEFAULT 0);
+CREATE INDEX IF NOT EXISTS nodes_by_env ON nodes (environment);
+CREATE TABLE IF NOT EXISTS node_steps (
+    node TEXT NOT NULL, ordinal INTEGER NOT NULL, name TEXT NOT NULL, digest TEXT NOT NULL,
+    state TEXT NOT NULL, component TEXT NOT NULL, continue_on_error INTEGER NOT NULL,
+    exit_code INTEGER NOT NULL DEFAULT 0, attempt INTEGER NOT NULL DEFAULT 0,
+    updated_ms INTEGER NOT NULL DEFAULT 0, message TEXT NOT NULL DEFAULT '',
+    observed TEXT NOT NULL DEFAULT '{}', PRIMARY KEY (node, name)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS events (
+    node TEXT NOT NULL, seq INTEGER NOT NULL, time_ms INTEGER NOT NULL, kind INTEGER NOT NULL,
+    step TEXT NOT NULL, body TEXT NOT NULL, PRIMARY KEY (node, seq)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS kv (key TEXT PRIMARY KEY, value BLOB NOT NULL) WITHOUT ROWID;
+"""
+
+NODE_FIELDS = {
+    "environment",
+    "role",
+    "cert_fingerprint",
+    "prev_fingerprint",
+    "key_hash",
+    "token_id",
+    "enrolled_ms",
+    "revoked",
+    "facts",
+    "health",
+    "last_seen_ms",
+    "agent_version",
+    "plan_generation",
+    "plan_digest",
+}
+
+_STEP_STATE_BY_KIND = {
+    EventKind.STARTED: "running",
+    EventKind.WAITING: "waiting",
+    EventKind.SUCCEEDED: "succeeded",
+    EventKind.FAILED: "failed",
+    EventKind.SKIPPED: "skipped",
+}
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=FULL")
+    conn.execute("PRAGMA foreign_keys=ON")
+    return conn
+
+
+class _Writer:
+    """One thread, one connection, group commit."""
+
+    def __init__(self, path: Path, max_batch: int = 512) -> None:
+        self._conn = _connect(path)
+        self._queue: queue.SimpleQueue[tuple[WriteFn, asyncio.Future[Any]] | None] = queue.SimpleQueue()
+        self._max_batch = max_batch
+        self._thread = threading.Thread(target=self._run, name="store-writer", daemon=True)
+        self._thread.start()
+
+    def submit(self, fn: WriteFn) -> asyncio.Future[Any]:
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._queue.put((fn, fut))
+        return fut
+
+    def run_sync(self, fn: WriteFn) -> Any:
+        """Run ``fn`` on the writer's connection before the loop uses it (start-up, migrations)."""
+        return fn(self._conn)
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join(timeout=30)
+        self._conn.close()
+
+    def _run(self) -> None:
+        stop = False
+        while not stop:
+            item = self._queue.get()
+            if item is None:
+                break
+            batch = [item]
+            while len(batch) < self._max_batch:
+                try:
+                    nxt = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    stop = True
+                    break
+                batch.append(nxt)
+            self._commit(batch)
+
+    def _commit(self, batch: list[tuple[WriteFn, asyncio.Future[Any]]]) -> None:
+        outcomes: list[tuple[asyncio.Future[Any], Any, BaseException | None]] = []
+        conn = self._conn
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            for fn, fut in batch:
+                conn.execute("SAVEPOINT w")
+                try:
+                    result = fn(conn)
+                except Exception as exc:
+                    conn.execute("ROLLBACK TO w")
+                    conn.execute("RELEASE w")
+                    outcomes.append((fut, None, exc))
+                else:
+                    conn.execute("RELEASE w")
+                    outcomes.append((fut, result, None))
+            conn.execute("COMMIT")
+        except Exception as exc:  # the commit itself failed: nobody's write landed
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            outcomes = [(fut, None, exc) for _, fut in batch]
+        for fut, result, error in outcomes:
+            fut.get_loop().call_soon_threadsafe(_resolve, fut, result, error)
+
+
+def _resolve(fut: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    if fut.done():
+        return
+    if error is not None:
+        fut.set_exception(error)
+    else:
+        fut.set_result(result)
+
+
+def _env(row: sqlite3.Row | tuple[Any, ...]) -> EnvironmentRecord:
+    name, document, api_version, spec, generation, created, updated = row
+    return EnvironmentRecord(name, document, api_version, json.loads(spec), generation, created, updated)
+
+
+def _token(row: sqlite3.Row | tuple[Any, ...]) -> TokenRecord:
+    (tid, secret_hash, env, role, node_name, expires, max_uses, uses, revoked, created, desc) = row
+    return TokenRecord(
+        tid, secret_hash, env, role, node_name, expires, max_uses, uses, bool(revoked), created, desc
+    )
+
+
+_NODE_COLUMNS = (
+    "name, environment, role, cert_fingerprint, key_hash, token_id, enrolled_ms, revoked, facts, health, "
+    "last_seen_ms, agent_version, plan_generation, plan_digest, stored_seq, prev_fingerprint"
+)
+
+
+def _node(row: sqlite3.Row | tuple[Any, ...]) -> NodeRecord:
+    (
+        name,
+        env,
+        role,
+        fp,
+        key_hash,
+        token_id,
+        enrolled,
+        revoked,
+        facts,
+        health,
+        last_seen,
+        version,
+        generation,
+        digest,
+        stored_seq,
+        prev_fp,
+    ) = row
+    return NodeRecord(
+        name=name,
+        environment=env,
+        role=role,
+        cert_fingerprint=fp,
+        key_hash=key_hash,
+        token_id=token_id,
+        enrolled_ms=enrolled,
+        revoked=bool(revoked),
+        facts=json.loads(facts),
+        health=json.loads(health),
+        last_seen_ms=last_seen,
+        agent_version=version,
+        plan_generation=generation,
+        plan_digest=digest,
+        stored_seq=stored_seq,
+        prev_fingerprint=prev_fp,
+    )
+
+
+def _encode(value: Any) -> Any:
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, sort_keys=True)
+    if isinstance(value, bool):
+        return int(value)
+    return value
+
+
+class SqliteStore:
+    """``Store`` on one SQLite file."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._writer = _Writer(path)
+        self._writer.run_sync(self._migrate)
+        for suffix in ("", "-wal", "-shm"):
+            p = path.with_name(path.name + suffix)
+            if p.exists():
+                p.chmod(0o600)
+        self._read = _connect(path)
+        self._read_lock = threading.Lock()
+
+    @staticmethod
+    def _migrate(conn: sqlite3.Connection) -> None:
+        conn.executescript("BEGIN IMMEDIATE;" + SCHEMA + "COMMIT;")
+        row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        if row is None:
+            conn.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+        elif int(row[0]) > SCHEMA_VERSION:
+            raise RuntimeError(f"store schema {row[0]} is newer than this controller ({SCHEMA_VERSION})")
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self._writer.close)
+        self._read.close()
+
+    async def _write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        result: T = await self._writer.submit(fn)
+        return result
+
+    def _query(self, sql: str, args: Sequence[Any] = ()) -> list[Any]:
+        with self._read_lock:
+            return self._read.execute(sql, args).fetchall()
+
+    # -- environments -------------------------------------------------------------------------
+
+    async def put_environment(
+        self, name: str, document: str, api_version: str, spec: Mapping[str, Any]
+    ) -> tuple[EnvironmentRecord, bool]:
+        spec_json = json.dumps(spec, sort_keys=True)
+
+        def fn(conn: sqlite3.Connection) -> tuple[EnvironmentRecord, bool]:
+            now = now_ms()
+            row = conn.execute(
+                "SELECT name, document, api_version, spec, generation, created_ms, updated_ms "
+                "FROM environments WHERE name=?",
+                (name,),
+            ).fetchone()
+            if row is not None and row[3] == spec_json and row[1] == document:
+                return _env(row), False
+            generation = (row[4] + 1) if row else 1
+            created = row[5] if row else now
+            conn.execute(
+                "INSERT OR REPLACE INTO environments VALUES (?,?,?,?,?,?,?)",
+                (name, document, api_version, spec_json, generation, created, now),
+            )
+            return EnvironmentRecord(
+                name, document, api_version, json.loads(spec_json), generation, created, now
+            ), True
+
+        return await self._write(fn)
+
+    def get_environment(self, name: str) -> EnvironmentRecord | None:
+        rows = self._query("SELECT * FROM environments WHERE name=?", (name,))
+        return _env(rows[0]) if rows else None
+
+    def list_environments(self) -> list[EnvironmentRecord]:
+        return [_env(r) for r in self._query("SELECT * FROM environments ORDER BY name")]
+
+    async def delete_environment(self, name: str) -> bool:
+        def fn(conn: sqlite3.Connection) -> bool:
+            return conn.execute("DELETE FROM environments WHERE name=?", (name,)).rowcount > 0
+
+        return await self._write(fn)
+
+    # -- tokens -------------------------------------------------------------------------------
+
+    async def put_token(self, record: TokenRecord) -> None:
+        def fn(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "INSERT INTO tokens VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                (
+                    record.id,
+                    record.secret_hash,
+                    record.environment,
+                    record.role,
+                    record.node_name,
+                    record.expires_ms,
+                    record.max_uses,
+                    record.uses,
+                    int(record.revoked),
+                    record.created_ms,
+                    record.description,
+                ),
+            )
+
+        await self._write(fn)
+
+    def get_token(self, token_id: str) -> TokenRecord | None:
+        rows = self._query("SELECT * FROM tokens WHERE id=?", (token_id,))
+        return _token(rows[0]) if rows else None
+
+    def list_tokens(self, environment: str = "") -> list[TokenRecord]:
+        if environment:
+            rows = self._query("SELECT * FROM tokens WHERE environment=? ORDER BY created_ms", (environment,))
+        else:
+            rows = self._query("SELECT * FROM tokens ORDER BY created_ms")
+        return [_token(r) for r in rows]
+
+    async def revoke_token(self, token_id: str) -> bool:
+        def fn(conn: sqlite3.Connection) -> bool:
+            return conn.execute("UPDATE tokens SET revoked=1 WHERE id=?", (token_id,)).rowcount > 0
+
+        return await self._write(fn)
+
+    async def enroll_node(
+        self,
+        token_id: str,
+        node_name: str,
+        decide: Callable[[TokenRecord | None, NodeRecord | None], tuple[NodeRecord, bool]],
+    ) -> NodeRecord:
+        """Atomically check a join token, use it, and write the node.
+
+        ``decide(token, existing_node)`` raises to refuse, or returns the node
+        record to store and whether the token is consumed (an idempotent retry
+        by the same key is not a second use).
+        """
+
+        def fn(conn: sqlite3.Connection) -> NodeRecord:
+            row = conn.execute("SELECT * FROM tokens WHERE id=?", (token_id,)).fetchone()
+            token = _token(row) if row else None
+            node_row = conn.execute(
+                f"SELECT {_NODE_COLUMNS} FROM nodes WHERE name=?", (node_name,)
+            ).fetchone()
+            record, consume = decide(token, _node(node_row) if node_row else None)
+            if consume:
+                conn.execute("UPDATE tokens SET uses=uses+1 WHERE id=?", (token_id,))
+            conn.execute(
+                f"INSERT OR REPLACE INTO nodes ({_NODE_COLUMNS}) VALUES ({','.join('?' * 16)})",
+                (
+                    record.name,
+                    record.environment,
+                    record.role,
+                    record.cert_fingerprint,
+                    record.key_hash,
+                    record.token_id,
+                    record.enrolled_ms,
+                    int(record.revoked),
+                    json.dumps(dict(record.facts)),
+                    json.dumps(dict(record.health)),
+                    record.last_seen_ms,
+                    record.agent_version,
+                    record.plan_generation,
+                    record.plan_digest,
+                    record.stored_seq,
+                    record.prev_fingerprint,
+                ),
+            )
+            return record
+
+        return await self._write(fn)
+
+    # -- nodes --------------------------------------------------------------------------------
+
+    def get_node(self, name: str) -> NodeRecord | None:
+        rows = self._query(f"SELECT {_NODE_COLUMNS} FROM nodes WHERE name=?", (name,))
+        return _node(rows[0]) if rows else None
+
+    def list_nodes(self, environment: str = "") -> list[NodeRecord]:
+        if environment:
+            rows = self._query(
+                f"SELECT {_NODE_COLUMNS} FROM nodes WHERE environment=? ORDER BY name", (environment,)
+            )
+        else:
+            rows = self._query(f"SELECT {_NODE_COLUMNS} FROM nodes ORDER BY name")
+        return [_node(r) for r in rows]
+
+    async def update_node(self, name: str, **fields: Any) -> None:
+        unknown = set(fields) - NODE_FIELDS
+        if unknown:
+            raise ValueError(f"unknown node fields: {sorted(unknown)}")
+        if not fields:
+            return
+        cols = ", ".join(f"{k}=?" for k in fields)
+        values = [_encode(v) for v in fields.values()]
+
+        def fn(conn: sqlite3.Connection) -> None:
+            conn.execute(f"UPDATE nodes SET {cols} WHERE name=?", (*values, name))
+
+        await self._write(fn)
+
+    async def set_node_plan(self, name: str, plan: Plan) -> None:
+        def fn(conn: sqlite3.Connection) -> None:
+            old = {
+                r[0]: r
+                for r in conn.execute(
+                    "SELECT name, digest, state, exit_code, attempt, updated_ms, message, observed "
+                    "FROM node_steps WHERE node=?",
+                    (name,),
+                )
+            }
+            conn.execute("DELETE FROM node_steps WHERE node=?", (name,))
+            rows = []
+            for i, step in enumerate(plan.steps):
+                prev = old.get(step.name)
+                if prev is not None and prev[1] == step.digest:
+                    state, exit_code, attempt, updated, message, observed = prev[2:]
+                else:
+                    state, exit_code, attempt, updated, message, observed = "pending", 0, 0, 0, "", "{}"
+                rows.append(
+                    (
+                        name,
+                        i,
+                        step.name,
+                        step.digest,
+                        state,
+                        step.component,
+                        int(step.continue_on_error),
+                        exit_code,
+                        attempt,
+                        updated,
+                        message,
+                        observed,
+                    )
+                )
+            conn.executemany("INSERT INTO node_steps VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", rows)
+            conn.execute(
+                "UPDATE nodes SET plan_generation=?, plan_digest=? WHERE name=?",
+                (plan.generation, plan.digest, name),
+            )
+
+        await self._write(fn)
+
+    def node_steps(self, name: str) -> list[StepRecord]:
+        rows = self._query(
+            "SELECT node, ordinal, name, digest, state, component, continue_on_error, exit_code, attempt, "
+            "updated_ms, message, observed FROM node_steps WHERE node=? ORDER BY ordinal",
+            (name,),
+        )
+        return [
+            StepRecord(
+                node=r[0],
+                ordinal=r[1],
+                name=r[2],
+                digest=r[3],
+                state=r[4],
+                component=r[5],
+                continue_on_error=bool(r[6]),
+                exit_code=r[7],
+                attempt=r[8],
+                updated_ms=r[9],
+                message=r[10],
+                observed=json.loads(r[11]),
+            )
+            for r in rows
+        ]
+
+    async def reset_steps(self, name: str, steps: Sequence[str]) -> None:
+        def fn(conn: sqlite3.Connection) -> None:
+            if steps:
+                conn.executemany(
+                    "UPDATE node_steps SET state='pending' WHERE node=? AND name=?",
+                    [(name, s) for s in steps],
+                )
+            else:
+                conn.execute("UPDATE node_steps SET state='pending' WHERE node=?", (name,))
+
+        await self._write(fn)
+
+    # -- events -------------------------------------------------------------------------------
+
+    async def append_events(self, node: str, events: Sequence[Event]) -> int:
+        """Store events idempotently by (node, seq); returns the highest contiguous stored seq."""
+        rows = [
+            (node, e.seq, e.time_ms, int(e.kind), e.step, json.dumps(e.to_json(), separators=(",", ":")))
+            for e in events
+        ]
+
+        def fn(conn: sqlite3.Connection) -> int:
+            row = conn.execute("SELECT stored_seq FROM nodes WHERE name=?", (node,)).fetchone()
+            if row is None:
+                raise KeyError(f"unknown node {node!r}")
+            stored = int(row[0])
+            fresh = [r for r in rows if r[1] > stored]
+            if not fresh:
+                return stored
+            before = conn.total_changes
+            conn.executemany("INSERT OR IGNORE INTO events VALUES (?,?,?,?,?,?)", fresh)
+            inserted = conn.total_changes - before
+            new_stored = stored
+            seqs = sorted(r[1] for r in fresh)
+            for s in seqs:
+                if s == new_stored + 1:
+                    new_stored = s
+                elif s > new_stored + 1:
+                    break
+            if new_stored < seqs[-1] or inserted < len(fresh):
+                # A gap, or events stored earlier beyond the contiguous mark: walk what is stored.
+                for (s,) in conn.execute(
+                    "SELECT seq FROM events WHERE node=? AND seq>? ORDER BY seq", (node, new_stored)
+                ):
+                    if s != new_stored + 1:
+                        break
+                    new_stored = s
+            _apply_step_events(conn, node, [e for e in events if e.seq > stored])
+            conn.execute("UPDATE nodes SET stored_seq=? WHERE name=?", (new_stored, node))
+            return new_stored
+
+        return await self._write(fn)
+
+    def list_events(self, node: str, after_seq: int = 0, limit: int = 0) -> list[Event]:
+        sql = "SELECT body FROM events WHERE node=? AND seq>? ORDER BY seq"
+        args: list[Any] = [node, after_seq]
+        if limit:
+            sql += " LIMIT ?"
+            args.append(limit)
+        return [Event.from_json(json.loads(r[0])) for r in self._query(sql, args)]
+
+    def max_seq(self, node: str) -> int:
+        rows = self._query("SELECT MAX(seq) FROM events WHERE node=?", (node,))
+        return int(rows[0][0] or 0)
+
+    # -- key/value ----------------------------------------------------------------------------
+
+    async def kv_put(self, key: str, value: bytes) -> None:
+        def fn(conn: sqlite3.Connection) -> None:
+            conn.execute("INSERT OR REPLACE INTO kv VALUES (?,?)", (key, value))
+
+        await self._write(fn)
+
+    async def kv_put_if_absent(self, key: str, value: bytes) -> bytes:
+        def fn(conn: sqlite3.Connection) -> bytes:
+            conn.execute("INSERT OR IGNORE INTO kv VALUES (?,?)", (key, value))
+            row = conn.execute("SELECT value FROM kv WHERE key=?", (key,)).fetchone()
+            return bytes(row[0])
+
+        return await self._write(fn)
+
+    def kv_get(self, key: str) -> bytes | None:
+        rows = self._query("SELECT value FROM kv WHERE key=?", (key,))
+        return bytes(rows[0][0]) if rows else None
+
+    async def kv_delete(self, key: str) -> None:
+        def fn(conn: sqlite3.Connection) -> None:
+            conn.execute("DELETE FROM kv WHERE key=?", (key,))
+
+        await self._write(fn)
+
+
+def _apply_step_events(conn: sqlite3.Connection, node: str, events: Sequence[Event]) -> None:
+    updates = []
+    for e in events:
+        state = _STEP_STATE_BY_KIND.get(e.kind)
+        if state is None or not e.step:
+            continue
+        updates.append(
+            (
+                state,
+                e.exit_code,
+                e.attempt,
+                e.time_ms,
+                e.message,
+                json.dumps(dict(e.observed), sort_keys=True) if e.observed else None,
+                node,
+                e.step,
+                e.digest,
+            )
+        )
+    if updates:
+        conn.executemany(
+            "UPDATE node_steps SET state=?, exit_code=?, attempt=?, updated_ms=?, message=?, "
+            "observed=COALESCE(?, observed) WHERE node=? AND name=? AND digest=?",
+            updates,
+        )

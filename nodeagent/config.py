@@ -1,0 +1,128 @@
+"""Agent configuration: a YAML file (what systemd uses) overridden by flags.
+
+``load`` reports every problem at once. The join token may be given inline,
+in a separate 0600 file (``token_file``), or by the environment variable
+``TETHER_JOIN_TOKEN``; it is only needed until the node has enrolled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from nodeagent.errors import ConfigError
+from nodeagent.identity import normalize_ca_hash, read_private, split_address
+from nodeagent.secrets import Secret
+
+DEFAULT_CONFIG = Path("/etc/tether/agent.yaml")
+DEFAULT_STATE_DIR = Path("/var/lib/tether")
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    controller: str
+    state_dir: Path = DEFAULT_STATE_DIR
+    node_name: str = ""
+    ca_hash: str = ""
+    token: Secret = field(default_factory=lambda: Secret(""))
+    environment: str = ""  # optional: the token must be scoped to this environment
+    role: str = ""  # optional: ... and this role
+    heartbeat_seconds: float = 30.0
+    backoff_max_seconds: float = 30.0
+    reboot_command: tuple[str, ...] = ("systemctl", "reboot")
+    log_level: str = "info"
+    shell: str = "bash"
+
+
+KNOWN_KEYS = {
+    "controller",
+    "state_dir",
+    "node_name",
+    "ca_hash",
+    "token",
+    "token_file",
+    "environment",
+    "role",
+    "heartbeat_seconds",
+    "backoff_max_seconds",
+    "reboot_command",
+    "log_level",
+    "shell",
+}
+
+
+def load(path: Path | None, overrides: Mapping[str, Any], env: Mapping[str, str]) -> AgentConfig:
+    """Merge file < environment < flags (flags given as ``overrides``; None means unset)."""
+    problems: list[str] = []
+    values: dict[str, Any] = {}
+    if path is not None:
+        try:
+            doc = yaml.safe_load(path.read_text()) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise ConfigError(f"{path}: cannot read config: {exc}") from exc
+        if not isinstance(doc, dict):
+            raise ConfigError(f"{path}: expected a mapping of settings")
+        for key in sorted(set(doc) - KNOWN_KEYS):
+            problems.append(f"{path}: unknown setting {key!r}")
+        values.update({k: v for k, v in doc.items() if k in KNOWN_KEYS})
+    if env.get("TETHER_JOIN_TOKEN"):
+        values["token"] = env["TETHER_JOIN_TOKEN"]
+    values.update({k: v for k, v in overrides.items() if v is not None})
+
+    token_value = str(values.pop("token", "") or "")
+    token_file = values.pop("token_file", None)
+    if token_file and not token_value:
+        try:
+            token_value = read_private(Path(token_file)).decode().strip()
+        except FileNotFoundError:
+            token_value = ""  # already enrolled nodes may have deleted it
+        except OSError as exc:
+            problems.append(f"token_file: {exc}")
+        except Exception as exc:  # IdentityError: wrong mode or owner
+            problems.append(f"token_file: {exc}")
+
+    controller = str(values.get("controller", "") or "")
+    if not controller:
+        problems.append("controller: required (HOST:PORT of the tether controller)")
+    else:
+        try:
+            split_address(controller)
+        except Exception as exc:
+            problems.append(f"controller: {exc}")
+    ca_hash = str(values.get("ca_hash", "") or "")
+    if ca_hash:
+        try:
+            ca_hash = normalize_ca_hash(ca_hash)
+        except Exception as exc:
+            problems.append(f"ca_hash: {exc}")
+    reboot = values.get("reboot_command", AgentConfig.reboot_command)
+    if isinstance(reboot, str):
+        reboot = tuple(reboot.split())
+    numbers: dict[str, float] = {}
+    for key in ("heartbeat_seconds", "backoff_max_seconds"):
+        if key in values:
+            try:
+                numbers[key] = float(values[key])
+                if numbers[key] <= 0:
+                    raise ValueError
+            except (TypeError, ValueError):
+                problems.append(f"{key}: must be a positive number")
+    if problems:
+        raise ConfigError("invalid agent configuration:\n  " + "\n  ".join(problems))
+    return AgentConfig(
+        controller=controller,
+        state_dir=Path(values.get("state_dir") or DEFAULT_STATE_DIR),
+        node_name=str(values.get("node_name") or ""),
+        ca_hash=ca_hash,
+        token=Secret(token_value),
+        environment=str(values.get("environment") or ""),
+        role=str(values.get("role") or ""),
+        reboot_command=tuple(str(x) for x in reboot),
+        log_level=str(values.get("log_level") or "info"),
+        shell=str(values.get("shell") or "bash"),
+        **numbers,
+    )

@@ -1,0 +1,36 @@
+"""Errors of the node agent.
+
+Hierarchy::
+
+    AgentError                 root of everything the agent raises on purpose
+    ├── ConfigError            bad configuration (flags, file, state directory)
+    ├── EnrollError            the controller refused enrollment (never retried)
+    ├── IdentityError          key, certificate or CA pin missing or wrong
+    └── ControllerUnavailable  the controller could not be reached (retryable)
+"""
+
+from __future__ import annotations
+
+
+class AgentError(Exception):
+    """Root of the agent's errors. ``retryable`` says whether trying again can help."""
+
+    retryable = False
+
+
+class ConfigError(AgentError):
+    """The configuration is invalid; the message lists every problem."""
+
+
+class EnrollError(AgentError):
+    """The controller refused the join token or the enrollment request."""
+
+
+class IdentityError(AgentError):
+    """The stored identity or the pinned controller CA is unusable."""
+
+
+class ControllerUnavailable(AgentError):
+    """The controller did not answer; the agent backs off and retries."""
+
+    retryable = True

@@ -1,0 +1,355 @@
+"""Walks the node's plan: journal first, then run, then report.
+
+Where the plan comes from (the gRPC session, a local file) is not its
+business: it is handed plans and commands, and emits events into the outbox.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import asdict
+from pathlib import Path
+
+from nodeagent import logs
+from nodeagent.journal import Journal, JournalState
+from nodeagent.model import Event, EventKind, Plan, Step
+from nodeagent.outbox import Outbox
+from nodeagent.runner import Runner, StepResult, kill_leftovers
+from nodeagent.statedb import StateDB
+
+log = logs.get_logger("tether.agent.executor")
+
+GateWaiter = Callable[[Step], Awaitable[Mapping[str, str]]]
+RETRY_BASE_SECONDS = 5.0
+
+
+def plan_to_json(plan: Plan) -> str:
+    return json.dumps(asdict(plan))
+
+
+def plan_from_json(text: str) -> Plan:
+    doc = json.loads(text)
+    steps = tuple(
+        Step(
+            **{
+                **s,
+                "env": dict(s["env"]),
+                "secret_env": tuple(s["secret_env"]),
+                "requested": dict(s.get("requested", {})),
+            }
+        )
+        for s in doc["steps"]
+    )
+    return Plan(
+        steps=steps,
+        generation=doc["generation"],
+        environment=doc["environment"],
+        role=doc["role"],
+        digest=doc["digest"],
+    )
+
+
+class Executor:
+    def __init__(
+        self,
+        db: StateDB,
+        runner: Runner,
+        *,
+        boot_id: Callable[[], str],
+        reboot: Callable[[], Awaitable[None]],
+        gate: GateWaiter,
+        on_events: Callable[[], None] = lambda: None,
+        on_secrets: Callable[[str, Mapping[str, str]], None] = lambda step, values: None,
+        base_env: Mapping[str, str] | None = None,
+        retry_base_seconds: float = RETRY_BASE_SECONDS,
+    ) -> None:
+        self.db = db
+        self.journal = Journal(db)
+        self.outbox = Outbox(db)
+        self.runner = runner
+        self._boot_id = boot_id
+        self._reboot = reboot
+        self._gate = gate
+        self._on_events = on_events
+        self._on_secrets = on_secrets
+        self._env = dict(base_env or {})
+        self._retry_base = retry_base_seconds
+        self._wake = asyncio.Event()
+        self._plan: Plan | None = None
+        saved = db.get_meta("plan")
+        if saved:
+            self._plan = plan_from_json(saved)
+        self.state = "idle"  # idle | running | waiting | succeeded | failed | rebooting
+
+    @property
+    def plan(self) -> Plan | None:
+        return self._plan
+
+    # -- inputs -------------------------------------------------------------------------------
+
+    def set_plan(self, plan: Plan) -> None:
+        if (
+            self._plan is not None
+            and plan.digest == self._plan.digest
+            and plan.generation == self._plan.generation
+        ):
+            return
+        self.db.set_meta("plan", plan_to_json(plan))
+        self._plan = plan
+        self.emit(
+            Event(
+                kind=EventKind.INFO,
+                message=f"plan generation {plan.generation} received "
+                f"({len(plan.steps)} steps, digest {plan.digest[:12]})",
+                plan_generation=plan.generation,
+            )
+        )
+        self._wake.set()
+
+    def set_env(self, env: Mapping[str, str]) -> None:
+        """Environment every step gets (node name, environment, role)."""
+        self._env = dict(env)
+
+    def rerun(self, steps: list[str]) -> int:
+        plan = self._plan
+        if plan is None:
+            return 0
+        digests = [s.digest for s in plan.steps if not steps or s.name in steps]
+        forgotten = self.journal.forget(digests)
+        self.emit(
+            Event(kind=EventKind.INFO, message=f"rerun requested for {', '.join(steps) or 'all steps'}")
+        )
+        self._wake.set()
+        return forgotten
+
+    # -- events -------------------------------------------------------------------------------
+
+    def emit(self, *events: Event) -> list[Event]:
+        stamped = self.outbox.append(list(events))
+        self._on_events()
+        return stamped
+
+    # -- the loop -----------------------------------------------------------------------------
+
+    async def run_forever(self) -> None:
+        while True:
+            self._wake.clear()
+            plan = self._plan
+            if plan is not None:
+                with logs.bound(plan_generation=plan.generation):
+                    await self._walk(plan)
+            if self._plan is plan:
+                await self._wake.wait()
+
+    async def _walk(self, plan: Plan) -> None:
+        self.state = "running"
+        for step in plan.steps:
+            if self._plan is not plan:
+                return  # a new plan arrived: start over with it
+            with logs.bound(step=step.name):
+                outcome = await self._visit(plan, step)
+            if outcome == "stop":
+                return
+        self.state = "succeeded"
+        log.info("plan complete", steps=len(plan.steps), digest=plan.digest[:12])
+
+    async def _visit(self, plan: Plan, step: Step) -> str:
+        """Returns "next" to go on, or "stop"."""
+        entry = self.journal.get(step.digest)
+        if entry is not None and entry.state is JournalState.SUCCEEDED:
+            if entry.plan_digest != plan.digest:
+                with self.db.transaction():
+                    self.journal.seen_in_plan(step.digest, plan.digest)
+                    self.emit(
+                        Event(
+                            kind=EventKind.SKIPPED,
+                            step=step.name,
+                            digest=step.digest,
+                            plan_generation=plan.generation,
+                            message="already succeeded with this digest; not run again",
+                        )
+                    )
+            return "next"
+        if entry is not None and entry.state is JournalState.REBOOTING:
+            if self._boot_id() != entry.boot_id:
+                with self.db.transaction():
+                    self.journal.record(
+                        step.digest,
+                        step.name,
+                        JournalState.SUCCEEDED,
+                        attempt=entry.attempt,
+                        plan_digest=plan.digest,
+                    )
+                    self.emit(
+                        Event(
+                            kind=EventKind.SUCCEEDED,
+                            step=step.name,
+                            digest=step.digest,
+                            attempt=entry.attempt,
+                            plan_generation=plan.generation,
+                            message="node rebooted; step complete",
+                        )
+                    )
+                log.info("reboot complete")
+                return "next"
+            await self._do_reboot()
+            return "stop"
+        if entry is not None and entry.state is JournalState.RUNNING:
+            killed = kill_leftovers(self.runner.script_path(step))
+            log.warning("resuming an interrupted step", attempt=entry.attempt, leftover_groups_killed=killed)
+        secrets: Mapping[str, str] = {}
+        if step.gate:
+            self.state = "waiting"
+            self.emit(
+                Event(
+                    kind=EventKind.WAITING,
+                    step=step.name,
+                    digest=step.digest,
+                    plan_generation=plan.generation,
+                    message=f"waiting for gate {step.gate}",
+                )
+            )
+            gate_task = asyncio.ensure_future(self._gate(step))
+            wake_task = asyncio.ensure_future(self._wake.wait())
+            try:
+                await asyncio.wait({gate_task, wake_task}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                wake_task.cancel()
+            if not gate_task.done():
+                gate_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await gate_task
+                return "stop"  # woken for a new plan or rerun
+            secrets = gate_task.result()
+            self.state = "running"
+        result = await self._run_with_retries(plan, step, secrets)
+        if result.ok:
+            if step.reboot:
+                await self._do_reboot()  # the journal already says REBOOTING
+                return "stop"
+            return "next"
+        if step.continue_on_error:
+            log.warning("step failed; continuing (continueOnError)", exit_code=result.exit_code)
+            return "next"
+        self.state = "failed"
+        log.error("step failed; plan stopped", exit_code=result.exit_code, error=result.error)
+        return "stop"
+
+    async def _run_with_retries(self, plan: Plan, step: Step, secrets: Mapping[str, str]) -> StepResult:
+        attempts = step.retries + 1
+        result = StepResult(exit_code=-1, duration_seconds=0.0, error="not run")
+        for attempt in range(1, attempts + 1):
+            with self.db.transaction():
+                self.journal.record(
+                    step.digest,
+                    step.name,
+                    JournalState.RUNNING,
+                    attempt=attempt,
+                    boot_id=self._boot_id(),
+                    plan_digest=plan.digest,
+                )
+                self.emit(
+                    Event(
+                        kind=EventKind.STARTED,
+                        step=step.name,
+                        digest=step.digest,
+                        attempt=attempt,
+                        plan_generation=plan.generation,
+                    )
+                )
+            log.info("step started", attempt=attempt)
+
+            async def sink(lines: list[str], _attempt: int = attempt) -> None:
+                self.emit(
+                    Event(
+                        kind=EventKind.OUTPUT,
+                        step=step.name,
+                        digest=step.digest,
+                        attempt=_attempt,
+                        lines=tuple(lines),
+                        plan_generation=plan.generation,
+                    )
+                )
+
+            result = await self.runner.run(step, sink, secret_env=secrets, extra_env=self._env)
+            if result.ok and result.secrets:
+                self._on_secrets(step.name, result.secrets)
+            final = attempt == attempts or result.ok
+            if result.ok:
+                state = JournalState.SUCCEEDED
+            else:
+                state = JournalState.FAILED if final else JournalState.RUNNING
+            kind = EventKind.SUCCEEDED if result.ok else EventKind.FAILED
+            if result.ok and step.reboot:
+                kind = EventKind.INFO  # the SUCCEEDED event comes after the reboot
+                state = JournalState.REBOOTING
+            message = result.error or ("" if result.ok else f"exit code {result.exit_code}")
+            if not result.ok and not final:
+                message += f"; retrying (attempt {attempt + 1} of {attempts})"
+            with self.db.transaction():
+                self.journal.record(
+                    step.digest,
+                    step.name,
+                    state,
+                    attempt=attempt,
+                    exit_code=result.exit_code,
+                    boot_id=self._boot_id(),
+                    plan_digest=plan.digest,
+                )
+                self.emit(
+                    Event(
+                        kind=kind,
+                        step=step.name,
+                        digest=step.digest,
+                        attempt=attempt,
+                        exit_code=result.exit_code,
+                        observed=dict(result.observed),
+                        duration_seconds=round(result.duration_seconds, 3),
+                        plan_generation=plan.generation,
+                        message=message or ("rebooting to finish the step" if step.reboot else ""),
+                    )
+                )
+            log.info(
+                "step finished",
+                attempt=attempt,
+                exit_code=result.exit_code,
+                duration=round(result.duration_seconds, 3),
+            )
+            if result.ok or final:
+                return result
+            await asyncio.sleep(min(self._retry_base * (2 ** (attempt - 1)), 60.0))
+        return result
+
+    async def _do_reboot(self) -> None:
+        self.state = "rebooting"
+        log.warning("rebooting the node")
+        await self._reboot()
+
+    async def run_task(self, step: Step) -> StepResult:
+        """Run a step outside the plan (not journaled), e.g. to refresh join material."""
+        task_name = f"task:{step.name}"
+
+        async def sink(lines: list[str]) -> None:
+            self.emit(Event(kind=EventKind.OUTPUT, step=task_name, digest=step.digest, lines=tuple(lines)))
+
+        self.emit(Event(kind=EventKind.STARTED, step=task_name, digest=step.digest, attempt=1))
+        result = await self.runner.run(step, sink, extra_env=self._env)
+        self.emit(
+            Event(
+                kind=EventKind.SUCCEEDED if result.ok else EventKind.FAILED,
+                step=task_name,
+                digest=step.digest,
+                attempt=1,
+                exit_code=result.exit_code,
+                duration_seconds=round(result.duration_seconds, 3),
+                message=result.error,
+            )
+        )
+        return result
+
+
+def scripts_dir(state_dir: Path) -> Path:
+    return state_dir / "scripts"

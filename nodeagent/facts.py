@@ -1,0 +1,281 @@
+"""Host facts and health probes: read from /proc, /sys, /etc/os-release and a few tools.
+
+Every probe is best effort: a missing file or tool gives an empty value, never an error.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from nodeagent import __version__
+from nodeagent.model import ClusterNode, ClusterView, Gpu, Health, HostFacts, now_ms
+
+NVIDIA_PCI_VENDOR = "0x10de"
+# PCI class 0x03xxxx: display controllers (VGA 0x0300, 3D controller 0x0302).
+DISPLAY_CLASS_PREFIX = "0x03"
+ARCH_ALIASES = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
+FAMILIES = {
+    "debian": "debian",
+    "ubuntu": "debian",
+    "rhel": "rhel",
+    "rocky": "rhel",
+    "centos": "rhel",
+    "fedora": "rhel",
+    "almalinux": "rhel",
+    "amzn": "amazon",
+}
+
+
+def read_os_release(root: Path = Path("/")) -> dict[str, str]:
+    for rel in ("etc/os-release", "usr/lib/os-release"):
+        path = root / rel
+        if path.exists():
+            out: dict[str, str] = {}
+            for line in path.read_text(errors="replace").splitlines():
+                key, sep, value = line.partition("=")
+                if sep and key.strip() and not key.startswith("#"):
+                    out[key.strip()] = value.strip().strip('"').strip("'")
+            return out
+    return {}
+
+
+def os_family(release: dict[str, str]) -> str:
+    candidates = [release.get("ID", ""), *release.get("ID_LIKE", "").split()]
+    for c in candidates:
+        if c in FAMILIES:
+            return FAMILIES[c]
+    return "unknown"
+
+
+def nvidia_pci_devices(sys_root: Path = Path("/sys")) -> list[str]:
+    """PCI addresses of NVIDIA display/3D controllers (no driver needed)."""
+    found: list[str] = []
+    devices = sys_root / "bus" / "pci" / "devices"
+    if not devices.is_dir():
+        return found
+    for dev in sorted(devices.iterdir()):
+        try:
+            vendor = (dev / "vendor").read_text().strip()
+            klass = (dev / "class").read_text().strip()
+        except OSError:
+            continue
+        if vendor == NVIDIA_PCI_VENDOR and klass.startswith(DISPLAY_CLASS_PREFIX):
+            found.append(dev.name)
+    return found
+
+
+def parse_nvidia_smi(text: str) -> list[Gpu]:
+    """Parse ``nvidia-smi --query-gpu=index,name,uuid,driver_version,memory.total,pci.bus_id
+    --format=csv,noheader,nounits`` output."""
+    gpus = []
+    for line in text.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) < 6 or not parts[0].isdigit():
+            continue
+        try:
+            memory = int(float(parts[4]))
+        except ValueError:
+            memory = 0
+        gpus.append(
+            Gpu(
+                index=int(parts[0]),
+                name=parts[1],
+                uuid=parts[2],
+                driver_version=parts[3],
+                memory_total_mib=memory,
+                pci_bus_id=parts[5],
+            )
+        )
+    return gpus
+
+
+def query_gpus(timeout: float = 10.0) -> list[Gpu]:
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return []
+    try:
+        out = subprocess.run(
+            [
+                exe,
+                "--query-gpu=index,name,uuid,driver_version,memory.total,pci.bus_id",
+                "--format=csv,noheader,nounits",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return parse_nvidia_smi(out.stdout) if out.returncode == 0 else []
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text().strip()
+    except OSError:
+        return ""
+
+
+def local_addresses(toward: str = "") -> list[str]:
+    """The node's IPv4 addresses; the one used to reach ``toward`` (host:port) first."""
+    addrs: list[str] = []
+    if toward:
+        host = toward.rpartition(":")[0].strip("[]") or toward
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                s.connect((host, 9))  # no packet is sent for UDP connect
+                addrs.append(s.getsockname()[0])
+        except OSError:
+            pass
+    try:
+        out = subprocess.run(
+            ["ip", "-o", "-4", "addr", "show", "scope", "global"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
+        ).stdout
+        for line in out.splitlines():
+            parts = line.split()
+            if "inet" in parts:
+                addr = parts[parts.index("inet") + 1].split("/")[0]
+                if addr not in addrs:
+                    addrs.append(addr)
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    return addrs
+
+
+def collect_facts(controller: str = "") -> HostFacts:
+    release = read_os_release()
+    return HostFacts(
+        hostname=socket.gethostname(),
+        os_id=release.get("ID", ""),
+        os_version_id=release.get("VERSION_ID", ""),
+        os_pretty=release.get("PRETTY_NAME", "unknown"),
+        os_family=os_family(release),
+        arch=ARCH_ALIASES.get(platform.machine(), platform.machine()),
+        kernel=platform.release(),
+        python_version=".".join(str(v) for v in sys.version_info[:3]),
+        systemd=Path("/run/systemd/system").is_dir(),
+        docker=shutil.which("docker") is not None,
+        nvidia_gpu=bool(nvidia_pci_devices()),
+        gpus=tuple(query_gpus()),
+        addresses=tuple(local_addresses(controller)),
+        boot_id=boot_id(),
+        machine_id=_read("/etc/machine-id"),
+    )
+
+
+def boot_id() -> str:
+    return _read("/proc/sys/kernel/random/boot_id")
+
+
+def _meminfo() -> dict[str, int]:
+    out: dict[str, int] = {}
+    for line in _read("/proc/meminfo").splitlines():
+        key, _, rest = line.partition(":")
+        fields = rest.split()
+        if fields and fields[0].isdigit():
+            out[key] = int(fields[0]) * 1024
+    return out
+
+
+def service_states(names: tuple[str, ...] = ("kubelet", "containerd", "docker", "crio")) -> dict[str, str]:
+    if shutil.which("systemctl") is None or not Path("/run/systemd/system").is_dir():
+        return {}
+    try:
+        out = subprocess.run(
+            ["systemctl", "is-active", *names], capture_output=True, text=True, timeout=5, check=False
+        ).stdout.split()
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    # "inactive" is also what systemd says of a unit that does not exist: leave those out.
+    return {n: s for n, s in zip(names, out, strict=False) if s != "inactive"}
+
+
+def cluster_view(kubeconfig: str = "/etc/kubernetes/admin.conf", timeout: float = 10.0) -> ClusterView | None:
+    """What ``kubectl get nodes`` says, on control planes only (where admin.conf exists)."""
+    import json
+
+    exe = shutil.which("kubectl")
+    if exe is None or not Path(kubeconfig).exists():
+        return None
+    try:
+        out = subprocess.run(
+            [exe, "--kubeconfig", kubeconfig, "get", "nodes", "-o", "json"],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return ClusterView(api_server="unreachable", time_ms=now_ms())
+    if out.returncode != 0:
+        return ClusterView(api_server="unreachable", time_ms=now_ms())
+    try:
+        items = json.loads(out.stdout).get("items", [])
+    except ValueError:
+        return ClusterView(api_server="unknown", time_ms=now_ms())
+    nodes = []
+    for item in items:
+        meta, status = item.get("metadata", {}), item.get("status", {})
+        ready = any(
+            c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions", [])
+        )
+        ip = next(
+            (a.get("address", "") for a in status.get("addresses", []) if a.get("type") == "InternalIP"), ""
+        )
+        roles = tuple(
+            sorted(
+                k.removeprefix("node-role.kubernetes.io/")
+                for k in meta.get("labels", {})
+                if k.startswith("node-role.kubernetes.io/")
+            )
+        )
+        nodes.append(
+            ClusterNode(
+                name=meta.get("name", ""),
+                ready=ready,
+                version=status.get("nodeInfo", {}).get("kubeletVersion", ""),
+                internal_ip=ip,
+                roles=roles,
+            )
+        )
+    return ClusterView(api_server="running", nodes=tuple(nodes), time_ms=now_ms())
+
+
+def collect_health(state_dir: Path, gpus: bool = True) -> Health:
+    mem = _meminfo()
+    try:
+        disk = shutil.disk_usage(state_dir if state_dir.exists() else "/")
+        disk_total, disk_free = disk.total, disk.free
+    except OSError:
+        disk_total = disk_free = 0
+    load = os.getloadavg() if hasattr(os, "getloadavg") else (0.0, 0.0, 0.0)
+    uptime = _read("/proc/uptime").split()
+    return Health(
+        time_ms=now_ms(),
+        os=read_os_release().get("PRETTY_NAME", platform.system()),
+        arch=ARCH_ALIASES.get(platform.machine(), platform.machine()),
+        kernel=platform.release(),
+        uptime_seconds=float(uptime[0]) if uptime else 0.0,
+        load1=load[0],
+        load5=load[1],
+        load15=load[2],
+        memory_total_bytes=mem.get("MemTotal", 0),
+        memory_available_bytes=mem.get("MemAvailable", 0),
+        disk_total_bytes=disk_total,
+        disk_free_bytes=disk_free,
+        agent_version=__version__,
+        gpus=tuple(query_gpus()) if gpus else (),
+        services=service_states(),
+        cluster=cluster_view(),
+    )

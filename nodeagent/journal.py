@@ -1,0 +1,92 @@
+"""The step journal: pending -> running -> succeeded / failed, keyed by step digest.
+
+``running`` is committed before a step starts, so after a crash the agent
+knows which step was interrupted and runs it again; a digest that succeeded
+is never run again. Secret inputs are never journaled.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+from nodeagent.model import now_ms
+from nodeagent.statedb import StateDB
+
+
+class JournalState(str, enum.Enum):
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    REBOOTING = "rebooting"  # succeeded, and the reboot that follows it is under way
+
+
+@dataclass(frozen=True)
+class JournalEntry:
+    digest: str
+    step: str
+    state: JournalState
+    attempt: int
+    exit_code: int
+    updated_ms: int
+    boot_id: str
+    plan_digest: str
+
+
+class Journal:
+    def __init__(self, db: StateDB) -> None:
+        self._db = db
+
+    def get(self, digest: str) -> JournalEntry | None:
+        row = self._db.conn.execute(f"SELECT {_COLUMNS} FROM journal WHERE digest=?", (digest,)).fetchone()
+        return _entry(row) if row else None
+
+    def record(
+        self,
+        digest: str,
+        step: str,
+        state: JournalState,
+        *,
+        attempt: int = 0,
+        exit_code: int = 0,
+        boot_id: str = "",
+        plan_digest: str = "",
+    ) -> None:
+        with self._db.transaction() as c:
+            c.execute(
+                f"INSERT OR REPLACE INTO journal ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?)",
+                (digest, step, state.value, attempt, exit_code, now_ms(), boot_id, plan_digest),
+            )
+
+    def seen_in_plan(self, digest: str, plan_digest: str) -> None:
+        with self._db.transaction() as c:
+            c.execute("UPDATE journal SET plan_digest=? WHERE digest=?", (plan_digest, digest))
+
+    def forget(self, digests: list[str] | None = None) -> int:
+        """Drop entries so their steps run again (all entries when ``digests`` is None)."""
+        with self._db.transaction() as c:
+            if digests is None:
+                return c.execute("DELETE FROM journal").rowcount
+            return sum(c.execute("DELETE FROM journal WHERE digest=?", (d,)).rowcount for d in digests)
+
+    def entries(self) -> list[JournalEntry]:
+        rows = self._db.conn.execute(f"SELECT {_COLUMNS} FROM journal ORDER BY updated_ms").fetchall()
+        return [_entry(r) for r in rows]
+
+
+_COLUMNS = "digest, step, state, attempt, exit_code, updated_ms, boot_id, plan_digest"
+
+
+def _entry(row: Any) -> JournalEntry:
+    digest, step, state, attempt, exit_code, updated, boot_id, plan_digest = row
+    return JournalEntry(
+        str(digest),
+        str(step),
+        JournalState(str(state)),
+        int(attempt),
+        int(exit_code),
+        int(updated),
+        str(boot_id),
+        str(plan_digest),
+    )

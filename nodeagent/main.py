@@ -1,0 +1,125 @@
+"""``tether-agent``: the node agent's command line.
+
+tether-agent run [--config FILE] [--controller HOST:PORT --token TOKEN --ca-hash sha256:HEX]
+                 [--state-dir DIR] [--node-name NAME]
+tether-agent validate-config [--config FILE] [flags]
+tether-agent status [--state-dir DIR]
+tether-agent facts
+tether-agent version
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from nodeagent import __version__, facts, logs
+from nodeagent.config import DEFAULT_CONFIG, AgentConfig, load
+from nodeagent.errors import AgentError
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tether-agent", description="tether node agent")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def config_flags(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument(
+            "--config", type=Path, help=f"YAML config file (default {DEFAULT_CONFIG} if it exists)"
+        )
+        sp.add_argument("--controller", help="controller address HOST:PORT")
+        sp.add_argument("--token", help="join token (used once, ignored after enrollment)")
+        sp.add_argument("--token-file", help="file holding the join token (mode 0600)")
+        sp.add_argument("--ca-hash", help="sha256:HEX of the controller CA public key")
+        sp.add_argument("--state-dir", type=Path, help="state directory (default /var/lib/tether)")
+        sp.add_argument("--node-name", help="node name (default: the hostname)")
+        sp.add_argument("--env", dest="environment", help="refuse a token not scoped to this environment")
+        sp.add_argument("--role", help="refuse a token not scoped to this role")
+        sp.add_argument("--heartbeat-seconds", type=float, help="health report interval")
+        sp.add_argument("--reboot-command", help="command that reboots the node (default: systemctl reboot)")
+        sp.add_argument("--log-level", help="debug, info, warning or error")
+
+    run = sub.add_parser("run", help="enroll if needed, then pull and run the plan")
+    config_flags(run)
+    check = sub.add_parser("validate-config", help="check the configuration and exit")
+    config_flags(check)
+    status = sub.add_parser("status", help="print the journal and outbox of a state directory")
+    status.add_argument("--state-dir", type=Path, default=Path("/var/lib/tether"))
+    sub.add_parser("facts", help="print what the agent detects about this host (JSON)")
+    sub.add_parser("version", help="print the agent version")
+    return p
+
+
+def _load_config(args: argparse.Namespace) -> AgentConfig:
+    path = args.config
+    if path is None and DEFAULT_CONFIG.exists():
+        path = DEFAULT_CONFIG
+    overrides: dict[str, Any] = {
+        "controller": args.controller,
+        "token": args.token,
+        "token_file": args.token_file,
+        "ca_hash": args.ca_hash,
+        "state_dir": args.state_dir,
+        "node_name": args.node_name,
+        "environment": args.environment,
+        "role": args.role,
+        "heartbeat_seconds": args.heartbeat_seconds,
+        "reboot_command": args.reboot_command,
+        "log_level": args.log_level,
+    }
+    return load(path, overrides, os.environ)
+
+
+async def _run(config: AgentConfig) -> None:
+    from nodeagent.session import Agent
+
+    agent = Agent(config)
+    task = asyncio.create_task(agent.run())
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, task.cancel)
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "version":
+        print(__version__)
+        return 0
+    if args.command == "facts":
+        print(json.dumps(asdict(facts.collect_facts()), indent=2))
+        return 0
+    if args.command == "status":
+        from nodeagent.session import state_summary
+
+        print(json.dumps(state_summary(args.state_dir), indent=2))
+        return 0
+    try:
+        config = _load_config(args)
+    except AgentError as exc:
+        print(f"tether-agent: {exc}", file=sys.stderr)
+        return 2
+    if args.command == "validate-config":
+        print("valid")
+        return 0
+    logs.configure(config.log_level)
+    try:
+        asyncio.run(_run(config))
+    except AgentError as exc:
+        print(f"tether-agent: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

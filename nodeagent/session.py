@@ -1,0 +1,407 @@
+"""The agent's lifecycle: enroll once, then keep one stream to the controller.
+
+States (``AgentState``): ENROLLING -> CONNECTING -> STREAMING, with BACKOFF
+between attempts and DRAINING on shutdown. The plan keeps running while the
+stream is down; events wait in the outbox and go out on the next stream.
+
+Inbound messages are dispatched on their ``oneof`` kind; a kind this agent
+does not know (a newer controller) is logged and ignored, so controllers can
+be upgraded before agents.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import enum
+import random
+from collections.abc import Coroutine, Mapping
+from pathlib import Path
+from typing import Any
+
+import grpc
+from cryptography import x509
+
+from nodeagent import __version__, facts, logs, systemd, wire
+from nodeagent.channel import secure_channel
+from nodeagent.config import AgentConfig
+from nodeagent.enroll import enroll
+from nodeagent.errors import AgentError, ControllerUnavailable, EnrollError, IdentityError
+from nodeagent.executor import Executor, scripts_dir
+from nodeagent.identity import Identity, IdentityStore, make_csr
+from nodeagent.model import Step
+from nodeagent.runner import Runner
+from nodeagent.secrets import PROCESS_REDACTOR
+from nodeagent.statedb import StateDB
+
+log = logs.get_logger("tether.agent")
+
+EVENT_BATCH = 500
+
+
+class AgentState(str, enum.Enum):
+    ENROLLING = "enrolling"
+    CONNECTING = "connecting"
+    STREAMING = "streaming"
+    BACKOFF = "backoff"
+    DRAINING = "draining"
+
+
+class Backoff:
+    """Exponential backoff with full jitter."""
+
+    def __init__(self, base: float = 0.5, cap: float = 30.0) -> None:
+        self.base, self.cap, self.attempt = base, cap, 0
+
+    def next_delay(self) -> float:
+        delay = random.uniform(0, min(self.cap, self.base * (2**self.attempt)))
+        self.attempt = min(self.attempt + 1, 30)
+        return delay
+
+    def reset(self) -> None:
+        self.attempt = 0
+
+
+class StreamClosed(Exception):
+    pass
+
+
+class Agent:
+    def __init__(self, config: AgentConfig) -> None:
+        self.config = config
+        self.state_dir = config.state_dir
+        self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.identities = IdentityStore(self.state_dir)
+        self.db = StateDB(self.state_dir / "state.db")
+        self.redactor = PROCESS_REDACTOR
+        self.runner = Runner(scripts_dir(self.state_dir), self.redactor, shell=config.shell)
+        self.backoff = Backoff(cap=config.backoff_max_seconds)
+        self.heartbeat = config.heartbeat_seconds
+        self.state = AgentState.ENROLLING
+        self.identity: Identity | None = None
+        self._kick = asyncio.Event()
+        self._control: asyncio.Queue[wire.pb.AgentMessage] = asyncio.Queue()
+        self._gates: dict[str, asyncio.Future[Mapping[str, str]]] = {}
+        self._gate_digests: dict[str, str] = {}
+        self._unacked_secrets: dict[str, wire.pb.StepSecrets] = {}
+        self._streaming = False
+        self._ready_sent = False
+        self._background: set[asyncio.Task[None]] = set()
+        self.executor = Executor(
+            self.db,
+            self.runner,
+            boot_id=facts.boot_id,
+            reboot=self._reboot,
+            gate=self._wait_gate,
+            on_events=self._kick.set,
+            on_secrets=self._on_step_secrets,
+        )
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        tasks: list[asyncio.Task[None]] = []
+        try:
+            self.identity = await self._ensure_enrolled()
+            logs.bind(node=self.identity.node_name)
+            self.executor.set_env(
+                {
+                    "TETHER_NODE": self.identity.node_name,
+                    "TETHER_ENVIRONMENT": self.identity.environment,
+                    "TETHER_ROLE": self.identity.role,
+                }
+            )
+            tasks.append(asyncio.create_task(self.executor.run_forever(), name="executor"))
+            tasks.append(asyncio.create_task(self._health_loop(), name="health"))
+            if systemd.watchdog_interval():
+                tasks.append(asyncio.create_task(self._watchdog_loop(), name="watchdog"))
+            self._notify_ready()
+            await self._connect_forever()
+        finally:
+            self._set_state(AgentState.DRAINING)
+            for t in tasks:
+                t.cancel()
+            for t in tasks:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await t
+            self.db.close()
+
+    def _set_state(self, state: AgentState) -> None:
+        if state is not self.state:
+            self.state = state
+            systemd.notify(f"STATUS={state.value}")
+            log.debug("agent state", state=state.value)
+
+    def _notify_ready(self) -> None:
+        if not self._ready_sent:
+            systemd.notify("READY=1")
+            self._ready_sent = True
+
+    async def _ensure_enrolled(self) -> Identity:
+        if self.identities.exists():
+            identity = self.identities.load()
+            log.info("using stored identity", node=identity.node_name, environment=identity.environment)
+            return identity
+        self._set_state(AgentState.ENROLLING)
+        while True:
+            try:
+                node_facts = await asyncio.to_thread(facts.collect_facts, self.config.controller)
+                identity, next_seq = await enroll(self.config, self.identities, node_facts)
+                self.executor.outbox.start_at(next_seq)
+                return identity
+            except (EnrollError, IdentityError):
+                raise
+            except (ControllerUnavailable, grpc.aio.AioRpcError, OSError) as exc:
+                delay = self.backoff.next_delay()
+                log.warning(
+                    "controller unavailable for enrollment; retrying",
+                    error=str(exc),
+                    retry_in=round(delay, 2),
+                )
+                await asyncio.sleep(delay)
+
+    # -- the stream ---------------------------------------------------------------------------
+
+    async def _connect_forever(self) -> None:
+        while True:
+            self._set_state(AgentState.CONNECTING)
+            try:
+                await self._stream_once()
+                log.info("stream closed by the controller; reconnecting")
+            except (grpc.aio.AioRpcError, StreamClosed, ControllerUnavailable, OSError) as exc:
+                detail = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
+                code = exc.code().name if isinstance(exc, grpc.aio.AioRpcError) else type(exc).__name__
+                if isinstance(exc, grpc.aio.AioRpcError) and exc.code() in (
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    grpc.StatusCode.UNAUTHENTICATED,
+                ):
+                    log.error("controller refused this node", code=code, error=detail)
+                else:
+                    log.warning("stream lost", code=code, error=detail)
+            finally:
+                self._streaming = False
+            self._set_state(AgentState.BACKOFF)
+            await asyncio.sleep(self.backoff.next_delay())
+
+    async def _stream_once(self) -> None:
+        identity = self.identities.load()
+        self.identity = identity
+        async with secure_channel(
+            self.config.controller, identity.ca_pem, identity.key_pem, identity.cert_pem
+        ) as channel:
+            call = wire.AgentServiceStub(channel).Connect()
+            node_facts = await asyncio.to_thread(facts.collect_facts, self.config.controller)
+            plan = self.executor.plan
+            hello = wire.pb.Hello(
+                agent_version=__version__,
+                facts=wire.facts_to_pb(node_facts),
+                last_acked_seq=self.executor.outbox.acked_seq,
+                next_seq=self.executor.outbox.next_seq,
+                plan_digest=plan.digest if plan else "",
+                plan_generation=plan.generation if plan else 0,
+                journal=[
+                    wire.pb.StepState(step=e.step, digest=e.digest, state=e.state.value)
+                    for e in self.executor.journal.entries()
+                ],
+            )
+            await call.write(wire.pb.AgentMessage(hello=hello))
+            first = await call.read()
+            if not isinstance(first, wire.pb.ControllerMessage) or first.WhichOneof("kind") != "welcome":
+                raise StreamClosed("the controller did not welcome this node")
+            stored = first.welcome.stored_seq
+            self.executor.outbox.start_at(stored + 1)
+            self.executor.outbox.ack(stored)
+            self.backoff.reset()
+            self._streaming = True
+            self._set_state(AgentState.STREAMING)
+            log.info(
+                "streaming",
+                controller=self.config.controller,
+                stored_seq=stored,
+                outbox=self.executor.outbox.count(),
+            )
+            self._maybe_renew(identity)
+            writer = asyncio.create_task(self._writer(call, stored), name="writer")
+            try:
+                while True:
+                    reader = asyncio.ensure_future(call.read())
+                    done, _ = await asyncio.wait({reader, writer}, return_when=asyncio.FIRST_COMPLETED)
+                    if writer in done:
+                        reader.cancel()
+                        writer.result()  # raises what broke the writer
+                        return
+                    msg = reader.result()
+                    if not isinstance(msg, wire.pb.ControllerMessage):  # grpc.aio.EOF
+                        return
+                    await self._dispatch(msg)
+            finally:
+                writer.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await writer
+                call.cancel()
+
+    async def _writer(self, call: grpc.aio.StreamStreamCall, stored_seq: int) -> None:  # type: ignore[type-arg]
+        last_sent = stored_seq
+        for name, digest in self._gate_digests.items():
+            await call.write(wire.pb.AgentMessage(gate=wire.pb.GateRequest(step=name, digest=digest)))
+        for secrets in self._unacked_secrets.values():
+            await call.write(wire.pb.AgentMessage(secrets=secrets))
+        while True:
+            self._kick.clear()
+            while not self._control.empty():
+                await call.write(self._control.get_nowait())
+            events = self.executor.outbox.pending(after_seq=last_sent, limit=EVENT_BATCH)
+            if events:
+                await call.write(wire.pb.AgentMessage(events=wire.events_to_pb(events)))
+                last_sent = events[-1].seq
+                continue
+            await self._kick.wait()
+
+    def _send(self, msg: wire.pb.AgentMessage) -> None:
+        if self._streaming:
+            self._control.put_nowait(msg)
+            self._kick.set()
+
+    async def _dispatch(self, msg: wire.pb.ControllerMessage) -> None:
+        kind = msg.WhichOneof("kind")
+        if kind == "plan":
+            self.executor.set_plan(wire.plan_from_pb(msg.plan))
+        elif kind == "ack":
+            self.executor.outbox.ack(msg.ack.seq)
+            for step in msg.ack.secrets:
+                self._unacked_secrets.pop(step, None)
+        elif kind == "release":
+            self._release(msg.release.step, msg.release.digest, dict(msg.release.secret_env))
+        elif kind == "command":
+            self._command(msg.command)
+        elif kind == "settings":
+            if msg.settings.heartbeat_seconds:
+                self.heartbeat = float(msg.settings.heartbeat_seconds)
+        elif kind == "certificate":
+            self.identities.save_certificate(msg.certificate.certificate_pem)
+            log.info("certificate renewed")
+        elif kind == "welcome":
+            pass
+        else:
+            log.warning("ignoring a message kind this agent does not know", kind=kind)
+
+    # -- gates, secrets, commands -------------------------------------------------------------
+
+    async def _wait_gate(self, step: Step) -> Mapping[str, str]:
+        fut = self._gates.get(step.name)
+        if fut is None or fut.done():
+            fut = asyncio.get_running_loop().create_future()
+            self._gates[step.name] = fut
+        self._gate_digests[step.name] = step.digest
+        self._send(wire.pb.AgentMessage(gate=wire.pb.GateRequest(step=step.name, digest=step.digest)))
+        try:
+            return await fut
+        finally:
+            self._gates.pop(step.name, None)
+            self._gate_digests.pop(step.name, None)
+
+    def _release(self, step: str, digest: str, secret_env: dict[str, str]) -> None:
+        self.redactor.add(*secret_env.values())
+        fut = self._gates.get(step)
+        if fut is not None and not fut.done() and self._gate_digests.get(step) == digest:
+            fut.set_result(secret_env)
+
+    def _on_step_secrets(self, step: str, values: Mapping[str, str], command_id: str = "") -> None:
+        key = command_id or step
+        msg = wire.pb.StepSecrets(step=step, values=dict(values), command_id=command_id)
+        self._unacked_secrets[key] = msg
+        self._send(wire.pb.AgentMessage(secrets=msg))
+
+    def _command(self, command: wire.pb.Command) -> None:
+        kind = command.WhichOneof("kind")
+        log.info("command received", command=kind, id=command.id)
+        if kind == "rerun":
+            self.executor.rerun(list(command.rerun.steps))
+        elif kind == "reboot":
+            self._spawn(self._reboot())
+        elif kind == "task":
+            self._spawn(self._run_task(command.id, wire.step_from_pb(command.task.step)))
+        else:
+            log.warning("ignoring a command this agent does not know", command=kind)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _run_task(self, command_id: str, step: Step) -> None:
+        result = await self.executor.run_task(step)
+        if result.ok:
+            self._on_step_secrets(step.name, result.secrets, command_id)
+
+    async def _reboot(self) -> None:
+        # Give the outbox a moment to drain so the controller hears why the node went away.
+        for _ in range(50):
+            if self.executor.outbox.count() == 0 or not self._streaming:
+                break
+            await asyncio.sleep(0.2)
+        proc = await asyncio.create_subprocess_exec(*self.config.reboot_command)
+        await proc.wait()
+        await asyncio.sleep(3600)  # the node is going down; nothing more to do
+
+    def _maybe_renew(self, identity: Identity) -> None:
+        cert = x509.load_pem_x509_certificate(identity.cert_pem)
+        now = dt.datetime.now(dt.timezone.utc)
+        lifetime = cert.not_valid_after_utc - cert.not_valid_before_utc
+        if cert.not_valid_after_utc - now < lifetime / 3:
+            csr = make_csr(identity.key_pem, identity.node_name)
+            self._send(wire.pb.AgentMessage(renew=wire.pb.RenewRequest(csr_pem=csr)))
+            log.info("certificate renewal requested", expires=cert.not_valid_after_utc.isoformat())
+
+    # -- periodic -----------------------------------------------------------------------------
+
+    async def _health_loop(self) -> None:
+        await asyncio.sleep(1.0)
+        while True:
+            if self._streaming:
+                try:
+                    health = await asyncio.to_thread(facts.collect_health, self.state_dir)
+                    self._send(wire.pb.AgentMessage(health=wire.health_to_pb(health)))
+                except Exception as exc:  # a probe must never take the agent down
+                    log.warning("health probe failed", error=str(exc))
+            await asyncio.sleep(self.heartbeat)
+
+    async def _watchdog_loop(self) -> None:
+        interval = systemd.watchdog_interval() or 10.0
+        while True:
+            systemd.notify("WATCHDOG=1")
+            await asyncio.sleep(interval)
+
+
+def state_summary(state_dir: Path) -> dict[str, object]:
+    """What ``tether-agent status`` prints: identity, journal and outbox, read from disk."""
+    store = IdentityStore(state_dir)
+    db = StateDB(state_dir / "state.db")
+    try:
+        executor_plan = db.get_meta("plan")
+        from nodeagent.executor import plan_from_json
+        from nodeagent.journal import Journal
+        from nodeagent.outbox import Outbox
+
+        plan = plan_from_json(executor_plan) if executor_plan else None
+        journal = {e.digest: e for e in Journal(db).entries()}
+        outbox = Outbox(db)
+        summary: dict[str, object] = {
+            "enrolled": store.exists(),
+            "node": store.load().node_name if store.exists() else "",
+            "plan_generation": plan.generation if plan else 0,
+            "steps": [
+                {"name": s.name, "state": journal[s.digest].state.value if s.digest in journal else "pending"}
+                for s in (plan.steps if plan else ())
+            ],
+            "outbox_pending": outbox.count(),
+            "next_seq": outbox.next_seq,
+            "acked_seq": outbox.acked_seq,
+        }
+        return summary
+    finally:
+        db.close()
+
+
+__all__ = ["Agent", "AgentError", "AgentState", "Backoff", "state_summary"]
