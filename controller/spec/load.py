@@ -1,7 +1,8 @@
-"""Parse an Environment document and validate it, collecting every problem with its field path."""
+"""Parse an Environment document and validate all of it, collecting every problem with its path."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -10,12 +11,14 @@ from typing import Any
 import yaml
 
 from controller.errors import InvalidArgument
-from controller.spec.model import PHASES, CustomTemplate, EnvironmentSpec
+from controller.spec import parse_cluster, parse_components, parse_custom, parse_kubernetes, parse_sources
+from controller.spec.model import EnvironmentSpec
+from controller.spec.reader import Problems, Section
 
-API_VERSIONS = ("holodeck.nvidia.com/v1alpha1", "tether.dev/v1alpha1")
+HOLODECK_API = "holodeck.nvidia.com/v1alpha1"
+TETHER_API = "tether.dev/v1alpha1"
+API_VERSIONS = (HOLODECK_API, TETHER_API)
 NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
-ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-MAX_TIMEOUT = 24 * 3600
 
 
 class SpecError(InvalidArgument):
@@ -27,103 +30,118 @@ class SpecError(InvalidArgument):
 
 @dataclass(frozen=True)
 class LoadedSpec:
+    """A valid document: the typed spec, its apiVersion, a JSON-ready normalized form, and notes."""
+
     spec: EnvironmentSpec
     api_version: str
     normalized: Mapping[str, Any]
     notes: tuple[str, ...] = field(default=())
 
 
-class _Problems:
-    def __init__(self) -> None:
-        self.items: list[str] = []
-
-    def add(self, path: str, message: str) -> None:
-        self.items.append(f"{path}: {message}")
-
-
 def load_document(text: str) -> LoadedSpec:
-    problems = _Problems()
+    """Parse and validate; raises ``SpecError`` with every problem found."""
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise SpecError([f"document: not valid YAML: {exc}"]) from None
     if not isinstance(doc, dict):
         raise SpecError(["document: expected a mapping with apiVersion, kind, metadata and spec"])
-    api_version = doc.get("apiVersion")
+    problems = Problems()
+    top = Section(doc, "", problems)
+    api_version = top.raw("apiVersion")
     if api_version not in API_VERSIONS:
         problems.add("apiVersion", f"must be one of {', '.join(API_VERSIONS)} (got {api_version!r})")
-    if doc.get("kind") != "Environment":
-        problems.add("kind", f"must be Environment (got {doc.get('kind')!r})")
-    meta = doc.get("metadata") or {}
-    name = meta.get("name") if isinstance(meta, dict) else None
-    if not isinstance(name, str) or not NAME_RE.match(name):
-        problems.add("metadata.name", "required: lowercase letters, digits and '-', at most 63 characters")
-    spec = doc.get("spec") or {}
-    if not isinstance(spec, dict):
-        problems.add("spec", "must be a mapping")
-        spec = {}
-    templates = _custom_templates(spec.get("customTemplates") or [], problems)
+    kind = top.raw("kind")
+    if kind != "Environment":
+        problems.add("kind", f"must be Environment (got {kind!r})")
+    name = _name(top)
+    top.ignore("status", "ignored: status is reported by the nodes")
+    spec_sec = top.section("spec") or Section({}, "spec", problems)
+    top.finish()
+    spec = _spec(spec_sec, name)
+    _cross_checks(spec, problems)
     if problems.items:
         raise SpecError(problems.items)
-    model = EnvironmentSpec(name=str(name), custom_templates=tuple(templates))
-    return LoadedSpec(spec=model, api_version=str(api_version), normalized=doc)
+    return LoadedSpec(
+        spec=spec,
+        api_version=str(api_version),
+        normalized=normalize(spec),
+        notes=tuple(problems.notes),
+    )
 
 
-def _custom_templates(raw: Any, problems: _Problems) -> list[CustomTemplate]:
-    if not isinstance(raw, list):
-        problems.add("spec.customTemplates", "must be a list")
-        return []
-    out: list[CustomTemplate] = []
-    seen: set[str] = set()
-    for i, item in enumerate(raw):
-        path = f"spec.customTemplates[{i}]"
-        if not isinstance(item, dict):
-            problems.add(path, "must be a mapping")
-            continue
-        name = item.get("name")
-        if not isinstance(name, str) or not NAME_RE.match(name):
-            problems.add(f"{path}.name", "required: lowercase letters, digits and '-'")
-            name = f"template-{i}"
-        elif name in seen:
-            problems.add(f"{path}.name", f"duplicate template name {name!r}")
-        seen.add(name)
-        phase = item.get("phase", "post-install")
-        if phase not in PHASES:
-            problems.add(f"{path}.phase", f"must be one of {', '.join(PHASES)}")
-        inline = item.get("inline")
-        if not isinstance(inline, str) or not inline.strip():
-            problems.add(f"{path}.inline", "required: the script text")
-            inline = ""
-        env = item.get("env") or {}
-        clean_env: dict[str, str] = {}
-        if not isinstance(env, dict):
-            problems.add(f"{path}.env", "must be a mapping of NAME: value")
-        else:
-            for k, v in env.items():
-                if not isinstance(k, str) or not ENV_NAME_RE.match(k):
-                    problems.add(f"{path}.env.{k}", "not a valid environment variable name")
-                elif not isinstance(v, (str, int, float, bool)):
-                    problems.add(f"{path}.env.{k}", "value must be a string")
-                elif "\x00" in str(v):
-                    problems.add(f"{path}.env.{k}", "value must not contain NUL")
-                else:
-                    clean_env[k] = str(v)
-        timeout = item.get("timeout", 600)
-        if isinstance(timeout, bool) or not isinstance(timeout, int) or not 1 <= timeout <= MAX_TIMEOUT:
-            problems.add(f"{path}.timeout", f"must be whole seconds between 1 and {MAX_TIMEOUT}")
-            timeout = 600
-        coe = item.get("continueOnError", False)
-        if not isinstance(coe, bool):
-            problems.add(f"{path}.continueOnError", "must be true or false")
-            coe = False
-        out.append(
-            CustomTemplate(
-                name=name,
-                phase=phase,
-                inline=inline,
-                env=clean_env,
-                continue_on_error=coe,
-                timeout_seconds=timeout,
-            )
+def _name(top: Section) -> str:
+    meta = top.section("metadata")
+    name = meta.raw("name") if meta is not None else None
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        top.problems.add(
+            "metadata.name", "required: lowercase letters, digits and '-', at most 63 characters"
         )
-    return out
+        name = "invalid"
+    if meta is not None:
+        meta.ignore_rest("ignored")
+    return name
+
+
+def _spec(sec: Section, name: str) -> EnvironmentSpec:
+    parse_sources.provider_fields(sec)
+    spec = EnvironmentSpec(
+        name=name,
+        kernel=parse_components.kernel(sec),
+        driver=parse_components.driver(sec),
+        runtime=parse_components.runtime(sec),
+        toolkit=parse_components.toolkit(sec),
+        kubernetes=parse_kubernetes.kubernetes(sec),
+        custom_templates=parse_custom.custom_templates(sec),
+        cluster=parse_cluster.cluster(sec),
+        package_repositories=parse_sources.package_repositories(sec),
+        download_mirror=parse_sources.download_mirror(sec),
+    )
+    sec.finish()
+    return spec
+
+
+def _cross_checks(spec: EnvironmentSpec, problems: Problems) -> None:
+    """Rules that span sections: holodeck's late failures, caught before anything runs."""
+    k8s = spec.kubernetes
+    if k8s.install and k8s.installer == "microk8s":
+        if k8s.source != "release":
+            problems.add("spec.kubernetes.source", "microk8s installs from the snap store: only release")
+        if spec.runtime.install:
+            problems.add(
+                "spec.containerRuntime.install",
+                "microk8s brings its own containerd: turn the container runtime off",
+            )
+        if spec.toolkit.install:
+            problems.add(
+                "spec.nvidiaContainerToolkit.install",
+                "microk8s's gpu add-on installs the toolkit into its containerd: turn this off",
+            )
+    if k8s.install and k8s.installer == "kind" and spec.runtime.install and spec.runtime.name != "docker":
+        problems.add("spec.containerRuntime.name", "kind runs its nodes in docker: use docker")
+    if k8s.installer != "kubeadm" and k8s.feature_gates:
+        problems.add("spec.kubernetes.K8sFeatureGates", "only used with the kubeadm installer")
+    if k8s.installer != "kubeadm" and k8s.kubeadm_config:
+        problems.add("spec.kubernetes.kubeAdmConfig", "only used with the kubeadm installer")
+    if k8s.installer != "kind" and k8s.kind_config:
+        problems.add("spec.kubernetes.kindConfig", "only used with the kind installer")
+    if spec.cluster is not None and not (k8s.install and k8s.installer == "kubeadm"):
+        problems.add("spec.cluster", "a cluster needs kubernetes.install: true with the kubeadm installer")
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def normalize(spec: EnvironmentSpec) -> dict[str, Any]:
+    """The resolved spec as plain JSON data (tether's apiVersion, defaults applied)."""
+    return {
+        "apiVersion": TETHER_API,
+        "kind": "Environment",
+        "metadata": {"name": spec.name},
+        "spec": _plain(dataclasses.asdict(spec)),
+    }
