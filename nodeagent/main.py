@@ -43,6 +43,7 @@ def _parser() -> argparse.ArgumentParser:
         sp.add_argument("--env", dest="environment", help="refuse a token not scoped to this environment")
         sp.add_argument("--role", help="refuse a token not scoped to this role")
         sp.add_argument("--heartbeat-seconds", type=float, help="health report interval")
+        sp.add_argument("--backoff-max-seconds", type=float, help="longest wait between reconnect attempts")
         sp.add_argument("--reboot-command", help="command that reboots the node (default: systemctl reboot)")
         sp.add_argument("--log-level", help="debug, info, warning or error")
 
@@ -71,6 +72,7 @@ def _load_config(args: argparse.Namespace) -> AgentConfig:
         "environment": args.environment,
         "role": args.role,
         "heartbeat_seconds": args.heartbeat_seconds,
+        "backoff_max_seconds": args.backoff_max_seconds,
         "reboot_command": args.reboot_command,
         "log_level": args.log_level,
     }

@@ -75,6 +75,7 @@ class Agent:
         self.identities = IdentityStore(self.state_dir)
         self.db = StateDB(self.state_dir / "state.db")
         self.redactor = PROCESS_REDACTOR
+        self.redactor.add(config.token)  # a step that prints the join token shows [REDACTED]
         self.runner = Runner(scripts_dir(self.state_dir), self.redactor, shell=config.shell)
         self.backoff = Backoff(cap=config.backoff_max_seconds)
         self.heartbeat = config.heartbeat_seconds
@@ -169,16 +170,18 @@ class Agent:
             try:
                 await self._stream_once()
                 log.info("stream closed by the controller; reconnecting")
-            except (grpc.aio.AioRpcError, StreamClosed, ControllerUnavailable, OSError) as exc:
-                detail = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
-                code = exc.code().name if isinstance(exc, grpc.aio.AioRpcError) else type(exc).__name__
-                if isinstance(exc, grpc.aio.AioRpcError) and exc.code() in (
-                    grpc.StatusCode.PERMISSION_DENIED,
-                    grpc.StatusCode.UNAUTHENTICATED,
-                ):
-                    log.error("controller refused this node", code=code, error=detail)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED):
+                    log.error("controller refused this node", code=exc.code().name, error=exc.details())
                 else:
-                    log.warning("stream lost", code=code, error=detail)
+                    log.warning("stream lost", code=exc.code().name, error=exc.details())
+            except (StreamClosed, ControllerUnavailable, OSError, asyncio.InvalidStateError) as exc:
+                # InvalidStateError: a write on a call that the transport already failed.
+                log.warning("stream lost", error=str(exc) or type(exc).__name__)
+            except IdentityError:
+                raise
+            except Exception:  # never let one bad stream take the agent (and the running plan) down
+                log.exception("unexpected error on the stream; reconnecting")
             finally:
                 self._streaming = False
             self._set_state(AgentState.BACKOFF)

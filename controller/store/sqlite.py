@@ -518,24 +518,15 @@ class SqliteStore:
             fresh = [r for r in rows if r[1] > stored]
             if not fresh:
                 return stored
-            before = conn.total_changes
             conn.executemany("INSERT OR IGNORE INTO events VALUES (?,?,?,?,?,?)", fresh)
-            inserted = conn.total_changes - before
+            # Advance the contiguous mark over what is stored now (events beyond an old gap included).
             new_stored = stored
-            seqs = sorted(r[1] for r in fresh)
-            for s in seqs:
-                if s == new_stored + 1:
-                    new_stored = s
-                elif s > new_stored + 1:
+            for (seq,) in conn.execute(
+                "SELECT seq FROM events WHERE node=? AND seq>? ORDER BY seq", (node, stored)
+            ):
+                if seq != new_stored + 1:
                     break
-            if new_stored < seqs[-1] or inserted < len(fresh):
-                # A gap, or events stored earlier beyond the contiguous mark: walk what is stored.
-                for (s,) in conn.execute(
-                    "SELECT seq FROM events WHERE node=? AND seq>? ORDER BY seq", (node, new_stored)
-                ):
-                    if s != new_stored + 1:
-                        break
-                    new_stored = s
+                new_stored = seq
             _apply_step_events(conn, node, [e for e in events if e.seq > stored])
             conn.execute("UPDATE nodes SET stored_seq=? WHERE name=?", (new_stored, node))
             return new_stored

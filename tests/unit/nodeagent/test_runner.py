@@ -1,0 +1,108 @@
+"""The step runner: real bash, process groups, timeouts, batched output, step outputs."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from nodeagent.model import Step
+from nodeagent.runner import TIMEOUT_EXIT_CODE, Runner
+from nodeagent.secrets import Redactor
+
+
+def make_runner(tmp_path: Path, **kw: object) -> Runner:
+    return Runner(tmp_path / "scripts", Redactor(), batch_interval=0.05, **kw)  # type: ignore[arg-type]
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.batches: list[list[str]] = []
+
+    async def __call__(self, lines: list[str]) -> None:
+        self.batches.append(lines)
+
+    @property
+    def lines(self) -> list[str]:
+        return [line for b in self.batches for line in b]
+
+
+async def test_runs_bash_and_streams_output_in_order(tmp_path: Path) -> None:
+    sink = Sink()
+    step = Step(name="s", script="for i in $(seq 1 5); do echo line $i; done; echo err >&2; exit 3\n").sealed()
+    result = await make_runner(tmp_path).run(step, sink)
+    assert result.exit_code == 3 and not result.ok
+    assert sink.lines == ["line 1", "line 2", "line 3", "line 4", "line 5", "err"]
+
+
+async def test_output_is_batched_not_one_event_per_line(tmp_path: Path) -> None:
+    sink = Sink()
+    step = Step(name="s", script="seq 1 2000\n").sealed()
+    await make_runner(tmp_path).run(step, sink)
+    assert len(sink.lines) == 2000
+    assert len(sink.batches) < 50
+
+
+async def test_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
+    marker = tmp_path / "child.pid"
+    step = Step(name="slow", timeout_seconds=1,
+                script=f"sleep 300 & echo $! > {marker}\nsleep 300\n").sealed()
+    started = time.monotonic()
+    result = await make_runner(tmp_path).run(step, Sink())
+    assert result.timed_out and result.exit_code == TIMEOUT_EXIT_CODE
+    assert "timed out after 1s" in result.error
+    assert time.monotonic() - started < 15
+    child = int(marker.read_text())
+    for _ in range(50):
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        await asyncio.sleep(0.1)
+    else:
+        pytest.fail("the background child of a timed-out step survived")
+
+
+async def test_step_env_and_secret_env_reach_the_process_not_the_script(tmp_path: Path) -> None:
+    sink = Sink()
+    step = Step(name="s", env={"PLAIN": "visible"}, secret_env=("TOKEN",),
+                script='echo "plain=$PLAIN"; echo "token-length=${#TOKEN}"\n').sealed()
+    runner = make_runner(tmp_path)
+    result = await runner.run(step, sink, secret_env={"TOKEN": "s3cret-canary-value"})
+    assert result.ok, sink.lines
+    assert sink.lines == ["plain=visible", "token-length=19"]
+    assert "s3cret" not in runner.script_path(step).read_text()
+
+
+async def test_provenance_and_secret_outputs_are_collected_and_secrets_redacted(tmp_path: Path) -> None:
+    sink = Sink()
+    script = (
+        'echo "containerd.version=1.6.20" >> "$TETHER_PROVENANCE"\n'
+        'echo "JOIN_TOKEN=supersecretvalue42" >> "$TETHER_SECRETS_OUT"\n'
+        "sleep 0.3\n"
+        "echo after: supersecretvalue42\n"
+    )
+    runner = make_runner(tmp_path)
+    result = await runner.run(Step(name="s", script=script).sealed(), sink)
+    assert result.ok
+    assert result.observed == {"containerd.version": "1.6.20"}
+    assert result.secrets == {"JOIN_TOKEN": "supersecretvalue42"}
+    # Learned at the end of the step, so the redactor masks it from then on.
+    assert runner.redactor.redact("x supersecretvalue42") == "x [REDACTED]"
+
+
+async def test_known_secret_values_never_leave_in_output(tmp_path: Path) -> None:
+    sink = Sink()
+    runner = make_runner(tmp_path)
+    runner.redactor.add("canary-9f8e7d6c5b")
+    await runner.run(Step(name="s", script="echo leaking canary-9f8e7d6c5b now\n").sealed(), sink)
+    assert sink.lines == ["leaking [REDACTED] now"]
+
+
+async def test_missing_shell_is_a_clean_failure(tmp_path: Path) -> None:
+    runner = make_runner(tmp_path, shell="/nonexistent/bash")
+    result = await runner.run(Step(name="s", script="true\n").sealed(), Sink())
+    assert not result.ok and result.exit_code == 127 and "cannot start" in result.error
