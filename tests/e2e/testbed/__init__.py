@@ -1,0 +1,1 @@
+"""Real-node testbed: systemd-nspawn nodes with OpenSSH on a private bridge, a local package repo."""
