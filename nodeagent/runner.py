@@ -112,6 +112,7 @@ class Runner:
         *,
         base_env: Mapping[str, str] | None = None,
         shell: str = "bash",
+        cwd: Path | None = None,
         batch_interval: float = 0.25,
         batch_lines: int = 500,
     ) -> None:
@@ -119,6 +120,8 @@ class Runner:
         self.redactor = redactor
         self.base_env = dict(base_env if base_env is not None else _default_env())
         self.shell = shell
+        # Steps share one working directory, so relative paths mean the same thing in every step.
+        self.cwd = cwd
         self.batch_interval = batch_interval
         self.batch_lines = batch_lines
         self.current_pgid = 0
@@ -163,7 +166,7 @@ class Runner:
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.STDOUT,
-                cwd=str(work),
+                cwd=str(self._cwd(work)),
                 env=env,
                 start_new_session=True,
                 limit=1 << 20,
@@ -216,6 +219,12 @@ class Runner:
             secrets=secrets,
             error=error,
         )
+
+    def _cwd(self, fallback: Path) -> Path:
+        if self.cwd is None:
+            return fallback
+        self.cwd.mkdir(parents=True, exist_ok=True, mode=0o700)
+        return self.cwd
 
     async def _terminate(self, proc: asyncio.subprocess.Process) -> None:
         kill_group(proc.pid, signal.SIGTERM)

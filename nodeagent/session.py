@@ -76,7 +76,9 @@ class Agent:
         self.db = StateDB(self.state_dir / "state.db")
         self.redactor = PROCESS_REDACTOR
         self.redactor.add(config.token)  # a step that prints the join token shows [REDACTED]
-        self.runner = Runner(scripts_dir(self.state_dir), self.redactor, shell=config.shell)
+        self.runner = Runner(
+            scripts_dir(self.state_dir), self.redactor, shell=config.shell, cwd=self.state_dir / "workspace"
+        )
         self.backoff = Backoff(cap=config.backoff_max_seconds)
         self.heartbeat = config.heartbeat_seconds
         self.state = AgentState.ENROLLING

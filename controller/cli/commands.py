@@ -314,7 +314,8 @@ def node_describe(args: argparse.Namespace) -> int:
             )
             for s in n.steps
         ],
-        ("  STEP", "STATE", "ATTEMPT", "EXIT", "REQUESTED", "OBSERVED", "MESSAGE"),
+        ("STEP", "STATE", "ATTEMPT", "EXIT", "REQUESTED", "OBSERVED", "MESSAGE"),
+        indent="  ",
     )
     return 0
 

@@ -27,11 +27,13 @@ def emit(data: Any, fmt: str, out: TextIO = sys.stdout) -> None:
         raise ValueError(fmt)
 
 
-def table(rows: Sequence[Sequence[Any]], headers: Sequence[str], out: TextIO = sys.stdout) -> None:
+def table(
+    rows: Sequence[Sequence[Any]], headers: Sequence[str], out: TextIO = sys.stdout, indent: str = ""
+) -> None:
     cells = [[str(h) for h in headers]] + [["" if c is None else str(c) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
     for r in cells:
-        out.write("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() + "\n")
+        out.write(indent + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() + "\n")
 
 
 def when(ms: int) -> str:

@@ -48,9 +48,19 @@ class Controller:
         listen = f"127.0.0.1:{port if port is not None else (self.port or 0)}"
         with self.log_path.open("a") as log:
             self.proc = subprocess.Popen(
-                [str(BIN / "tether-controller"), "serve", "--listen", listen, "--data-dir", str(self.data_dir),
-                 "--heartbeat-seconds", "1"],
-                stdout=subprocess.PIPE, stderr=log, text=True,
+                [
+                    str(BIN / "tether-controller"),
+                    "serve",
+                    "--listen",
+                    listen,
+                    "--data-dir",
+                    str(self.data_dir),
+                    "--heartbeat-seconds",
+                    "1",
+                ],
+                stdout=subprocess.PIPE,
+                stderr=log,
+                text=True,
             )
         assert self.proc.stdout is not None
         deadline = time.monotonic() + 30
@@ -75,8 +85,14 @@ class Controller:
 
     def ctl(self, *args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         env = {**os.environ, "TETHER_CONFIG": str(self.config)}
-        out = subprocess.run([str(BIN / "tetherctl"), *args], capture_output=True, text=True, env=env,
-                             timeout=timeout, check=False)
+        out = subprocess.run(
+            [str(BIN / "tetherctl"), *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=timeout,
+            check=False,
+        )
         if check and out.returncode != 0:
             raise AssertionError(f"tetherctl {' '.join(args)} failed ({out.returncode}): {out.stderr}")
         return out
@@ -95,18 +111,47 @@ class Agent:
         self.proc: subprocess.Popen[str] | None = None
 
     def start(self, token: str = "", ca_hash: str = "", *extra: str) -> None:
-        args = [str(BIN / "tether-agent"), "run", "--controller", self.controller.address, "--state-dir",
-                str(self.state_dir), "--node-name", self.name, "--heartbeat-seconds", "1",
-                "--backoff-max-seconds", "1", "--reboot-command", "true", *extra]
+        args = [
+            str(BIN / "tether-agent"),
+            "run",
+            "--controller",
+            self.controller.address,
+            "--state-dir",
+            str(self.state_dir),
+            "--node-name",
+            self.name,
+            "--heartbeat-seconds",
+            "1",
+            "--backoff-max-seconds",
+            "1",
+            "--reboot-command",
+            "true",
+            *extra,
+        ]
         if token:
             args += ["--token", token, "--ca-hash", ca_hash]
         with self.log_path.open("a") as log:
             self.proc = subprocess.Popen(args, stdout=log, stderr=log, text=True)
 
-    def run_once(self, token: str, ca_hash: str, *extra: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    def run_once(
+        self, token: str, ca_hash: str, *extra: str, timeout: float = 30
+    ) -> subprocess.CompletedProcess[str]:
         """Run an agent expected to exit (e.g. a refused enrollment)."""
-        args = [str(BIN / "tether-agent"), "run", "--controller", self.controller.address, "--state-dir",
-                str(self.state_dir), "--node-name", self.name, "--token", token, "--ca-hash", ca_hash, *extra]
+        args = [
+            str(BIN / "tether-agent"),
+            "run",
+            "--controller",
+            self.controller.address,
+            "--state-dir",
+            str(self.state_dir),
+            "--node-name",
+            self.name,
+            "--token",
+            token,
+            "--ca-hash",
+            ca_hash,
+            *extra,
+        ]
         return subprocess.run(args, capture_output=True, text=True, timeout=timeout, check=False)
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
@@ -120,5 +165,9 @@ class Agent:
             return "\n".join(conn.iterdump())
 
     def status(self) -> str:
-        return subprocess.run([str(BIN / "tether-agent"), "status", "--state-dir", str(self.state_dir)],
-                              capture_output=True, text=True, check=True).stdout
+        return subprocess.run(
+            [str(BIN / "tether-agent"), "status", "--state-dir", str(self.state_dir)],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout

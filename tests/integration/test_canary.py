@@ -11,15 +11,21 @@ from tests.integration.conftest import apply_env, ca_hash, events, token, wait_s
 from tests.integration.harness import Agent, Controller
 
 
-def test_canary_join_token_never_appears(controller: Controller, agents: Callable[[str], Agent],
-                                         tmp_path: Path) -> None:
+def test_canary_join_token_never_appears(
+    controller: Controller, agents: Callable[[str], Agent], tmp_path: Path
+) -> None:
     token_file = tmp_path / "join-token"
-    apply_env(controller, tmp_path, "canary", f"""\
+    apply_env(
+        controller,
+        tmp_path,
+        "canary",
+        f"""\
     - name: careless
       inline: |
         echo "the token is $(cat {token_file})"
         cat {token_file}
-""")
+""",
+    )
     canary = token(controller, "canary")
     secret_part = canary.split(".")[1]
     token_file.write_text(canary + "\n")

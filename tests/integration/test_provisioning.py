@@ -40,8 +40,9 @@ def assert_contiguous(evs: list[dict[str, object]]) -> None:
     assert seqs == list(range(1, len(seqs) + 1)), seqs
 
 
-def test_three_agents_enroll_and_provision(controller: Controller, agents: Callable[[str], Agent],
-                                           tmp_path: Path) -> None:
+def test_three_agents_enroll_and_provision(
+    controller: Controller, agents: Callable[[str], Agent], tmp_path: Path
+) -> None:
     apply_env(controller, tmp_path, "demo", STEPS)
     names = ["node-a", "node-b", "node-c"]
     for name in names:
@@ -54,16 +55,25 @@ def test_three_agents_enroll_and_provision(controller: Controller, agents: Calla
         assert_contiguous(evs)
         kinds = [(e["step"], e["kind"]) for e in evs if e["step"]]
         assert kinds == [
-            ("custom-hello", "started"), ("custom-hello", "output"), ("custom-hello", "succeeded"),
-            ("custom-configure", "started"), ("custom-configure", "output"), ("custom-configure", "succeeded"),
+            ("custom-hello", "started"),
+            ("custom-hello", "output"),
+            ("custom-hello", "succeeded"),
+            ("custom-configure", "started"),
+            ("custom-configure", "output"),
+            ("custom-configure", "succeeded"),
         ]
         lines = [line for e in evs for line in e["lines"]]  # type: ignore[attr-defined]
         assert lines == [f"hello from {name}", "line 1", "line 2", "line 3", "bonjour from worker"]
 
 
 def test_failed_step_marks_the_node_failed_and_continue_on_error_does_not(
-        controller: Controller, agents: Callable[[str], Agent], tmp_path: Path) -> None:
-    apply_env(controller, tmp_path, "fails", """\
+    controller: Controller, agents: Callable[[str], Agent], tmp_path: Path
+) -> None:
+    apply_env(
+        controller,
+        tmp_path,
+        "fails",
+        """\
     - name: tolerated
       continueOnError: true
       inline: exit 4
@@ -73,7 +83,8 @@ def test_failed_step_marks_the_node_failed_and_continue_on_error_does_not(
         exit 7
     - name: never
       inline: echo should not run
-""")
+""",
+    )
     agents("n1").start(token(controller, "fails"), ca_hash(controller))
     wait_state(controller, ["n1"], "failed")
     evs = events(controller, "n1")
@@ -86,11 +97,16 @@ def test_failed_step_marks_the_node_failed_and_continue_on_error_does_not(
 
 
 def test_timeout_is_enforced(controller: Controller, agents: Callable[[str], Agent], tmp_path: Path) -> None:
-    apply_env(controller, tmp_path, "slow", """\
+    apply_env(
+        controller,
+        tmp_path,
+        "slow",
+        """\
     - name: sleeper
       timeout: 2
       inline: sleep 120
-""")
+""",
+    )
     agents("n1").start(token(controller, "slow"), ca_hash(controller))
     wait_state(controller, ["n1"], "failed", timeout=30)
     failed = [e for e in events(controller, "n1") if e["kind"] == "failed"]
@@ -98,10 +114,15 @@ def test_timeout_is_enforced(controller: Controller, agents: Callable[[str], Age
 
 
 def test_kill_9_mid_step_resumes_without_rerunning_succeeded_steps(
-        controller: Controller, agents: Callable[[str], Agent], tmp_path: Path) -> None:
+    controller: Controller, agents: Callable[[str], Agent], tmp_path: Path
+) -> None:
     runs = tmp_path / "runs"
     runs.mkdir()
-    apply_env(controller, tmp_path, "resume", f"""\
+    apply_env(
+        controller,
+        tmp_path,
+        "resume",
+        f"""\
     - name: first
       inline: echo first >> {runs}/first
     - name: long
@@ -111,7 +132,8 @@ def test_kill_9_mid_step_resumes_without_rerunning_succeeded_steps(
         echo done >> {runs}/long
     - name: last
       inline: echo last >> {runs}/last
-""")
+""",
+    )
     agent = agents("n1")
     agent.start(token(controller, "resume"), ca_hash(controller))
     wait_for(lambda: (runs / "long.pids").exists(), what="the long step to start")
@@ -120,8 +142,8 @@ def test_kill_9_mid_step_resumes_without_rerunning_succeeded_steps(
     (runs / "long.go").touch()
     agent.start()  # no token: the stored identity is used
     wait_state(controller, ["n1"], "provisioned")
-    assert (runs / "first").read_text() == "first\n"          # never re-run
-    assert (runs / "long").read_text() == "done\n"            # the interrupted step ran again, once
+    assert (runs / "first").read_text() == "first\n"  # never re-run
+    assert (runs / "long").read_text() == "done\n"  # the interrupted step ran again, once
     assert (runs / "last").read_text() == "last\n"
     assert len((runs / "long.pids").read_text().split()) == 2
     assert not running(first_pid), "the orphaned attempt from before the crash was not stopped"
@@ -132,19 +154,27 @@ def test_kill_9_mid_step_resumes_without_rerunning_succeeded_steps(
 
 
 def test_controller_restart_mid_plan_loses_and_duplicates_no_event(
-        controller: Controller, agents: Callable[[str], Agent], tmp_path: Path) -> None:
-    apply_env(controller, tmp_path, "chatty", """\
+    controller: Controller, agents: Callable[[str], Agent], tmp_path: Path
+) -> None:
+    apply_env(
+        controller,
+        tmp_path,
+        "chatty",
+        """\
     - name: ticker
       inline: |
         for i in $(seq 1 60); do echo "tick $i"; sleep 0.1; done
     - name: ticker-two
       inline: |
         for i in $(seq 1 30); do echo "tock $i"; sleep 0.1; done
-""")
+""",
+    )
     agent = agents("n1")
     agent.start(token(controller, "chatty"), ca_hash(controller))
-    wait_for(lambda: any(e["step"] == "custom-ticker" and e["kind"] == "output" for e in events(controller, "n1")),
-             what="output to flow")
+    wait_for(
+        lambda: any(e["step"] == "custom-ticker" and e["kind"] == "output" for e in events(controller, "n1")),
+        what="output to flow",
+    )
     controller.kill(signal.SIGKILL)
     time.sleep(2.5)  # the agent keeps running its steps; events pile up in its outbox
     controller.start()  # same port
@@ -157,7 +187,8 @@ def test_controller_restart_mid_plan_loses_and_duplicates_no_event(
 
 
 def test_reapplying_a_changed_spec_reruns_only_changed_steps(
-        controller: Controller, agents: Callable[[str], Agent], tmp_path: Path) -> None:
+    controller: Controller, agents: Callable[[str], Agent], tmp_path: Path
+) -> None:
     runs = tmp_path / "runs"
     runs.mkdir()
     steps = f"""\
@@ -177,20 +208,31 @@ def test_reapplying_a_changed_spec_reruns_only_changed_steps(
     assert [e["step"] for e in skipped] == ["custom-stable"]
 
 
-def test_events_follow_streams_live(controller: Controller, agents: Callable[[str], Agent], tmp_path: Path) -> None:
-    apply_env(controller, tmp_path, "live", """\
+def test_events_follow_streams_live(
+    controller: Controller, agents: Callable[[str], Agent], tmp_path: Path
+) -> None:
+    apply_env(
+        controller,
+        tmp_path,
+        "live",
+        """\
     - name: gate
       inline: |
         while [ ! -e "$RELEASE" ]; do sleep 0.1; done
         echo released
       env:
         RELEASE: /nonexistent
-""".replace("/nonexistent", str(tmp_path / "release")))
+""".replace("/nonexistent", str(tmp_path / "release")),
+    )
     agents("n1").start(token(controller, "live"), ca_hash(controller))
     wait_for(lambda: any(e["kind"] == "started" for e in events(controller, "n1")), what="the step to start")
     env = {**os.environ, "TETHER_CONFIG": str(controller.config)}
-    follower = subprocess.Popen([str(BIN / "tetherctl"), "events", "--node", "n1", "--follow", "-o", "json"],
-                                stdout=subprocess.PIPE, text=True, env=env)
+    follower = subprocess.Popen(
+        [str(BIN / "tetherctl"), "events", "--node", "n1", "--follow", "-o", "json"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         assert follower.stdout is not None
         seen = [json.loads(follower.stdout.readline()) for _ in range(2)]  # history first

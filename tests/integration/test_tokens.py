@@ -29,11 +29,25 @@ def test_token_create_prints_only_the_token(controller: Controller, env: str) ->
     assert re.fullmatch(r"[a-z0-9]{6}\.[a-z0-9]{32}\n", out)
 
 
-def test_print_join_command_is_a_runnable_agent_command(controller: Controller, env: str,
-                                                        agents: Callable[[str], Agent], tmp_path: Path) -> None:
-    out = controller.ctl("token", "create", "--env", env, "--role", "worker", "--ttl", "15m", "--uses", "1",
-                         "--print-join-command").stdout.strip()
-    m = re.fullmatch(r"tether-agent run --controller (\S+) --token (\S+) --ca-hash (sha256:[0-9a-f]{64})", out)
+def test_print_join_command_is_a_runnable_agent_command(
+    controller: Controller, env: str, agents: Callable[[str], Agent], tmp_path: Path
+) -> None:
+    out = controller.ctl(
+        "token",
+        "create",
+        "--env",
+        env,
+        "--role",
+        "worker",
+        "--ttl",
+        "15m",
+        "--uses",
+        "1",
+        "--print-join-command",
+    ).stdout.strip()
+    m = re.fullmatch(
+        r"tether-agent run --controller (\S+) --token (\S+) --ca-hash (sha256:[0-9a-f]{64})", out
+    )
     assert m, out
     assert m.group(1) == controller.address and m.group(3) == ca_hash(controller)
     agents("joined").start(m.group(2), m.group(3))
@@ -57,7 +71,9 @@ def test_reused_token_is_refused(controller: Controller, env: str, agents: Calla
     assert "second" not in nodes(controller)
 
 
-def test_multi_use_token_enrolls_that_many(controller: Controller, env: str, agents: Callable[[str], Agent]) -> None:
+def test_multi_use_token_enrolls_that_many(
+    controller: Controller, env: str, agents: Callable[[str], Agent]
+) -> None:
     tok = token(controller, env, "--uses", "2")
     for name in ("a", "b"):
         agents(name).start(tok, ca_hash(controller))
@@ -83,15 +99,20 @@ def test_wrong_scope_is_refused(controller: Controller, env: str, agents: Callab
     pinned = token(controller, env, "--node-name", "gpu-1")
     assert "scoped to node 'gpu-1'" in refused(agents("gpu-2"), pinned, controller)
     tok = token(controller, env)
-    assert "scoped to environment 'prod', not 'staging'" in refused(agents("x"), tok, controller, "--env", "staging")
-    assert "scoped to role 'worker', not 'control-plane'" in refused(agents("y"), tok, controller,
-                                                                       "--role", "control-plane")
+    assert "scoped to environment 'prod', not 'staging'" in refused(
+        agents("x"), tok, controller, "--env", "staging"
+    )
+    assert "scoped to role 'worker', not 'control-plane'" in refused(
+        agents("y"), tok, controller, "--role", "control-plane"
+    )
     # A refusal for scope does not use the token up.
     agents("z").start(tok, ca_hash(controller))
     wait_state(controller, ["z"], "provisioned")
 
 
-def test_garbage_token_and_wrong_ca_hash(controller: Controller, env: str, agents: Callable[[str], Agent]) -> None:
+def test_garbage_token_and_wrong_ca_hash(
+    controller: Controller, env: str, agents: Callable[[str], Agent]
+) -> None:
     assert "invalid" in refused(agents("g"), "abcdef." + "x" * 32, controller)
     tok = token(controller, env)
     out = agents("h").run_once(tok, "sha256:" + "0" * 64)
@@ -115,7 +136,9 @@ def test_read_only_admin_cannot_create_tokens(controller: Controller, env: str, 
     key, issued = ca.issue_admin("viewer", "read-only")
     conf = AdminConfig.read(controller.config)
     ro = tmp_path / "ro.conf"
-    AdminConfig(conf.controller, conf.ca_hash, conf.ca_pem, issued.cert_pem, key, "viewer", "read-only").write(ro)
+    AdminConfig(
+        conf.controller, conf.ca_hash, conf.ca_pem, issued.cert_pem, key, "viewer", "read-only"
+    ).write(ro)
     assert yaml.safe_load(ro.read_text())["role"] == "read-only"
     listed = controller.ctl("--config", str(ro), "env", "list")
     assert "prod" in listed.stdout

@@ -44,18 +44,28 @@ def test_node_certificate_binds_the_name_and_keeps_the_node_key(ca: CertificateA
     issued = ca.sign_node_csr(make_csr(key, "whatever-the-csr-says"), "node-7", days=1)
     cert = x509.load_pem_x509_certificate(issued.cert_pem)
     uris = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(
-        x509.UniformResourceIdentifier)
+        x509.UniformResourceIdentifier
+    )
     assert uris == [NODE_URI_PREFIX + "node-7"]
-    node_pub = serialization.load_pem_private_key(key, None).public_key().public_bytes(
-        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
-    assert cert.public_key().public_bytes(serialization.Encoding.DER,
-                                          serialization.PublicFormat.SubjectPublicKeyInfo) == node_pub
+    node_pub = (
+        serialization.load_pem_private_key(key, None)
+        .public_key()
+        .public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    )
+    assert (
+        cert.public_key().public_bytes(
+            serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+        == node_pub
+    )
     assert Authenticator(ca).principal(Ctx(issued.cert_pem)).kind is Kind.NODE
 
 
 def test_bad_csr_is_refused(ca: CertificateAuthority) -> None:
     with pytest.raises(InvalidArgument):
-        ca.sign_node_csr(b"-----BEGIN CERTIFICATE REQUEST-----\nnope\n-----END CERTIFICATE REQUEST-----\n", "n", 1)
+        ca.sign_node_csr(
+            b"-----BEGIN CERTIFICATE REQUEST-----\nnope\n-----END CERTIFICATE REQUEST-----\n", "n", 1
+        )
 
 
 def test_anonymous_identity_maps_to_anonymous(ca: CertificateAuthority) -> None:
@@ -82,9 +92,13 @@ def test_a_certificate_signed_with_the_public_anonymous_key_is_refused(ca: Certi
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "evil")]))
         .issuer_name(anon_cert.subject)
         .public_key(ec.generate_private_key(ec.SECP256R1()).public_key())
-        .serial_number(5).not_valid_before(now).not_valid_after(now + dt.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName([x509.UniformResourceIdentifier("spiffe://tether/admin/admin/x")]),
-                       critical=False)
+        .serial_number(5)
+        .not_valid_before(now)
+        .not_valid_after(now + dt.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.UniformResourceIdentifier("spiffe://tether/admin/admin/x")]),
+            critical=False,
+        )
         .sign(anon_key, hashes.SHA256())
     )
     with pytest.raises(Unauthenticated):

@@ -21,15 +21,32 @@ async def store(tmp_path: Path):  # type: ignore[no-untyped-def]
 
 
 def node(name: str = "n1", **kw: object) -> NodeRecord:
-    base: dict[str, object] = dict(name=name, environment="e", role="worker", cert_fingerprint="fp",
-                                   key_hash="kh", token_id="tok", enrolled_ms=1)
+    base: dict[str, object] = dict(
+        name=name,
+        environment="e",
+        role="worker",
+        cert_fingerprint="fp",
+        key_hash="kh",
+        token_id="tok",
+        enrolled_ms=1,
+    )
     base.update(kw)
     return NodeRecord(**base)  # type: ignore[arg-type]
 
 
 def token(**kw: object) -> TokenRecord:
-    base: dict[str, object] = dict(id="tok", secret_hash="h", environment="e", role="worker", node_name="",
-                                   expires_ms=10**15, max_uses=1, uses=0, revoked=False, created_ms=1)
+    base: dict[str, object] = dict(
+        id="tok",
+        secret_hash="h",
+        environment="e",
+        role="worker",
+        node_name="",
+        expires_ms=10**15,
+        max_uses=1,
+        uses=0,
+        revoked=False,
+        created_ms=1,
+    )
     base.update(kw)
     return TokenRecord(**base)  # type: ignore[arg-type]
 
@@ -92,8 +109,13 @@ async def test_plan_keeps_state_of_unchanged_steps_and_resets_changed_ones(store
     a, b = Step(name="a", script="a"), Step(name="b", script="b")
     plan1 = Plan.build([a, b], generation=1)
     await store.set_node_plan("n1", plan1)
-    await store.append_events("n1", [ev(1, EventKind.SUCCEEDED, "a", plan1.steps[0].digest),
-                                     ev(2, EventKind.FAILED, "b", plan1.steps[1].digest)])
+    await store.append_events(
+        "n1",
+        [
+            ev(1, EventKind.SUCCEEDED, "a", plan1.steps[0].digest),
+            ev(2, EventKind.FAILED, "b", plan1.steps[1].digest),
+        ],
+    )
     assert [s.state for s in store.node_steps("n1")] == ["succeeded", "failed"]
     plan2 = Plan.build([a, Step(name="b", script="b2")], generation=2)
     await store.set_node_plan("n1", plan2)
@@ -113,8 +135,9 @@ async def test_enrollment_uses_the_token_atomically(store: SqliteStore) -> None:
             raise TokenRejected("used", "used")
         return node(f"n{t.uses}"), True
 
-    results = await asyncio.gather(*[store.enroll_node("tok", "n0", decide) for _ in range(5)],
-                                   return_exceptions=True)
+    results = await asyncio.gather(
+        *[store.enroll_node("tok", "n0", decide) for _ in range(5)], return_exceptions=True
+    )
     assert sum(isinstance(r, NodeRecord) for r in results) == 1
     assert store.get_token("tok").uses == 1  # type: ignore[union-attr]
 

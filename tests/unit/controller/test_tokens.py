@@ -15,8 +15,16 @@ NOW = 1_000_000
 
 def record(secret_part: str, **overrides: object) -> tokens.TokenRecord:
     base = tokens.TokenRecord(
-        id="abc123", secret_hash=tokens.hash_secret(secret_part), environment="prod", role="worker",
-        node_name="", expires_ms=NOW + 60_000, max_uses=1, uses=0, revoked=False, created_ms=NOW - 1,
+        id="abc123",
+        secret_hash=tokens.hash_secret(secret_part),
+        environment="prod",
+        role="worker",
+        node_name="",
+        expires_ms=NOW + 60_000,
+        max_uses=1,
+        uses=0,
+        revoked=False,
+        created_ms=NOW - 1,
     )
     return dataclasses.replace(base, **overrides)  # type: ignore[arg-type]
 
@@ -63,8 +71,9 @@ def test_valid_token_passes() -> None:
         ({}, {"expect_role": "control-plane"}, "scope", "scoped to role"),
     ],
 )
-def test_each_refusal_says_which(overrides: dict[str, object], kwargs: dict[str, str], reason: str,
-                                 words: str) -> None:
+def test_each_refusal_says_which(
+    overrides: dict[str, object], kwargs: dict[str, str], reason: str, words: str
+) -> None:
     secret = kwargs.pop("secret", "s" * 32)
     with pytest.raises(TokenRejected) as exc:
         tokens.check(record("s" * 32, **overrides), secret, now_ms=NOW, node_name="n1", **kwargs)
@@ -86,7 +95,9 @@ def test_unknown_token_is_invalid() -> None:
     assert exc.value.reason == "invalid"
 
 
-@pytest.mark.parametrize(("text", "seconds"), [("90s", 90), ("15m", 900), ("2h", 7200), ("7d", 604800), ("30", 30)])
+@pytest.mark.parametrize(
+    ("text", "seconds"), [("90s", 90), ("15m", 900), ("2h", 7200), ("7d", 604800), ("30", 30)]
+)
 def test_parse_duration(text: str, seconds: int) -> None:
     assert tokens.parse_duration(text) == seconds
 

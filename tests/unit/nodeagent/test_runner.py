@@ -32,7 +32,9 @@ class Sink:
 
 async def test_runs_bash_and_streams_output_in_order(tmp_path: Path) -> None:
     sink = Sink()
-    step = Step(name="s", script="for i in $(seq 1 5); do echo line $i; done; echo err >&2; exit 3\n").sealed()
+    step = Step(
+        name="s", script="for i in $(seq 1 5); do echo line $i; done; echo err >&2; exit 3\n"
+    ).sealed()
     result = await make_runner(tmp_path).run(step, sink)
     assert result.exit_code == 3 and not result.ok
     assert sink.lines == ["line 1", "line 2", "line 3", "line 4", "line 5", "err"]
@@ -48,8 +50,9 @@ async def test_output_is_batched_not_one_event_per_line(tmp_path: Path) -> None:
 
 async def test_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
     marker = tmp_path / "child.pid"
-    step = Step(name="slow", timeout_seconds=1,
-                script=f"sleep 300 & echo $! > {marker}\nsleep 300\n").sealed()
+    step = Step(
+        name="slow", timeout_seconds=1, script=f"sleep 300 & echo $! > {marker}\nsleep 300\n"
+    ).sealed()
     started = time.monotonic()
     result = await make_runner(tmp_path).run(step, Sink())
     assert result.timed_out and result.exit_code == TIMEOUT_EXIT_CODE
@@ -68,8 +71,12 @@ async def test_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
 
 async def test_step_env_and_secret_env_reach_the_process_not_the_script(tmp_path: Path) -> None:
     sink = Sink()
-    step = Step(name="s", env={"PLAIN": "visible"}, secret_env=("TOKEN",),
-                script='echo "plain=$PLAIN"; echo "token-length=${#TOKEN}"\n').sealed()
+    step = Step(
+        name="s",
+        env={"PLAIN": "visible"},
+        secret_env=("TOKEN",),
+        script='echo "plain=$PLAIN"; echo "token-length=${#TOKEN}"\n',
+    ).sealed()
     runner = make_runner(tmp_path)
     result = await runner.run(step, sink, secret_env={"TOKEN": "s3cret-canary-value"})
     assert result.ok, sink.lines

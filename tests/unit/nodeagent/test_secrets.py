@@ -12,7 +12,7 @@ from nodeagent.secrets import MASK, Redactor, Secret
 
 def test_secret_never_prints_its_value() -> None:
     s = Secret("hunter2-canary")
-    for text in (repr(s), str(s), f"{s}", f"{s!r}", "%s" % s, "{}".format(s)):  # noqa: UP031
+    for text in (repr(s), str(s), f"{s}", f"{s!r}", "%s" % s, "{}".format(s)):  # noqa: UP031, UP032
         assert "hunter2" not in text
     assert s.reveal() == "hunter2-canary"
 
@@ -42,8 +42,12 @@ def test_redactor_prefers_longest_match() -> None:
 
 def test_known_secret_shapes_are_masked_even_unknown() -> None:
     r = Redactor()
-    line = ("kubeadm join 10.0.0.1:6443 --token abcdef.0123456789abcdef --discovery-token-ca-cert-hash sha256:"
-            + "a" * 64 + " --control-plane --certificate-key " + "b" * 64)
+    line = (
+        "kubeadm join 10.0.0.1:6443 --token abcdef.0123456789abcdef --discovery-token-ca-cert-hash sha256:"
+        + "a" * 64
+        + " --control-plane --certificate-key "
+        + "b" * 64
+    )
     out = redact_line(line, r)
     assert "abcdef.0123456789abcdef" not in out
     assert "b" * 64 not in out
