@@ -99,6 +99,7 @@ class Executor:
             return
         self.db.set_meta("plan", plan_to_json(plan))
         self._plan = plan
+        self.state = "idle"
         self.emit(
             Event(
                 kind=EventKind.INFO,
@@ -119,6 +120,7 @@ class Executor:
             return 0
         digests = [s.digest for s in plan.steps if not steps or s.name in steps]
         forgotten = self.journal.forget(digests)
+        self.state = "idle"
         self.emit(
             Event(kind=EventKind.INFO, message=f"rerun requested for {', '.join(steps) or 'all steps'}")
         )
