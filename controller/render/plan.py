@@ -1,38 +1,98 @@
-"""``render(spec, node) -> Plan``: pure, no I/O, no clock."""
+"""``render(spec, node) -> Plan``: pure (no I/O, no clock), holodeck's order, tether's fixes.
+
+Order (holodeck §2, with the microk8s list reset replaced by validation):
+
+1. preflight (tether): OS, root, tools, cloud-init; package repositories when the spec has them
+2. custom templates, phase pre-install
+3. kernel pin (reboot, then verify)
+4. NVIDIA driver (GPU nodes only)
+5. container runtime (containerd | docker (+ cri-dockerd for kubeadm) | crio)
+6. custom post-runtime
+7. NVIDIA container toolkit (GPU nodes only)
+8. custom post-toolkit
+9. Kubernetes (kubeadm | kind | microk8s)
+10. custom post-kubernetes
+11. custom post-install
+
+Custom templates keep their YAML order inside a phase and run only on the roles they name.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
 
-from controller.spec.model import PHASES, EnvironmentSpec
-from nodeagent.model import HostFacts, Plan, Step
+from controller.render.components import (
+    containerd,
+    crio,
+    custom,
+    docker,
+    driver,
+    kernel,
+    kind,
+    kubeadm,
+    microk8s,
+    preflight,
+    repos,
+    toolkit,
+)
+from controller.render.context import NodeContext, target_of
+from controller.render.steps import RenderInput, unsupported
+from controller.spec.model import EnvironmentSpec
+from nodeagent.model import Plan, Step
 
-CUSTOM_PREAMBLE = "#!/usr/bin/env bash\n# tether custom template {name} (phase {phase})\nset -e\n"
+Section = Callable[[RenderInput], list[Step]]
 
 
-@dataclass(frozen=True)
-class NodeContext:
-    """Everything about the target node that rendering may depend on (and nothing else)."""
+def _runtime(inp: RenderInput) -> list[Step]:
+    if not inp.spec.runtime.install:
+        return []
+    runtimes: dict[str, Section] = {
+        "containerd": containerd.steps,
+        "docker": docker.steps,
+        "crio": crio.steps,
+    }
+    return runtimes[inp.spec.runtime.name](inp)
 
-    role: str
-    facts: HostFacts
+
+def _kubernetes(inp: RenderInput) -> list[Step]:
+    if not inp.spec.kubernetes.install:
+        return []
+    installers: dict[str, Section] = {
+        "kubeadm": kubeadm.steps,
+        "kind": kind.steps,
+        "microk8s": microk8s.steps,
+    }
+    return installers[inp.spec.kubernetes.installer](inp)
+
+
+def _gpu_only(section: Section) -> Section:
+    """Driver and toolkit are not rendered for nodes without an NVIDIA GPU."""
+    return lambda inp: section(inp) if inp.gpu else []
+
+
+SECTIONS: tuple[Section, ...] = (
+    preflight.steps,
+    repos.steps,
+    custom.phase("pre-install"),
+    kernel.steps,
+    _gpu_only(driver.steps),
+    _runtime,
+    custom.phase("post-runtime"),
+    _gpu_only(toolkit.steps),
+    custom.phase("post-toolkit"),
+    _kubernetes,
+    custom.phase("post-kubernetes"),
+    custom.phase("post-install"),
+)
 
 
 def render(spec: EnvironmentSpec, node: NodeContext) -> Plan:
+    """The ordered plan for one node. Same inputs, same plan, byte for byte."""
+    target, reason = target_of(node.facts, spec.kubernetes.arch)
+    if target is None:
+        return Plan.build([unsupported(reason)], environment=spec.name, role=node.role)
+    inp = RenderInput(spec=spec, node=node, target=target)
     steps: list[Step] = []
-    for phase in PHASES:
-        for t in spec.custom_templates:
-            if t.phase != phase:
-                continue
-            steps.append(
-                Step(
-                    name=f"custom-{t.name}",
-                    phase=phase,
-                    component="custom",
-                    script=CUSTOM_PREAMBLE.format(name=t.name, phase=phase) + t.inline.rstrip("\n") + "\n",
-                    env=dict(t.env),
-                    timeout_seconds=t.timeout_seconds,
-                    continue_on_error=t.continue_on_error,
-                )
-            )
+    for section in SECTIONS:
+        steps.extend(section(inp))
     return Plan.build(steps, environment=spec.name, role=node.role)
