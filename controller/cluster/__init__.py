@@ -1,0 +1,1 @@
+"""Cluster orchestration by pull: who initialises, gates, join material, cluster health."""

@@ -1,0 +1,377 @@
+"""Cluster orchestration by pull.
+
+The controller turns a cluster spec into per-node plans with a gate: every
+node runs its base steps at once; the control plane chosen to initialise
+(once, durably) runs ``kubeadm init`` and its agent sends the join material
+over its stream; the gate then opens and the other nodes join in parallel.
+Material that has expired (token TTL, the 2-hour certificate-key window) is
+refreshed by asking a control plane's agent, so nodes can join days later.
+After each join a control plane labels and taints the new node.
+
+Waiters live in memory: after a controller restart agents re-send their gate
+requests on reconnect.
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import yaml
+
+from controller import wire
+from controller.cluster.context import API_PORT, INIT_STEP, JOIN_GATE, JOIN_STEP, ClusterContext, Position
+from controller.cluster.material import KUBECONFIG, JoinMaterial
+from controller.cluster.scripts import label_task, refresh_task
+from controller.errors import FailedPrecondition, NotFound
+from controller.hub import Hub
+from controller.secretbox import SecretBox
+from controller.spec import load_document
+from controller.spec.model import ClusterSpec
+from controller.store import NodeRecord, Store
+from nodeagent import logs
+from nodeagent.model import Event, EventKind, Role, now_ms
+from nodeagent.secrets import Redactor
+
+log = logs.get_logger("tether.controller.cluster")
+
+REFRESH_RETRY_S = 90.0
+LABEL_TASK_PREFIX = "task:label-"
+
+
+@dataclass
+class _Waiter:
+    node: str
+    step: str
+    digest: str
+    control_plane: bool
+
+
+@dataclass
+class _EnvState:
+    waiters: dict[str, _Waiter] = field(default_factory=dict)
+    refresh_id: str = ""
+    refresh_started: float = 0.0
+    refresh_cert_key: bool = False
+    released_ms: dict[str, int] = field(default_factory=dict)
+
+
+def _key(env: str, what: str) -> str:
+    return f"cluster/{env}/{what}"
+
+
+class Orchestrator:
+    """The gate keeper for cluster environments (``controller.gates.GateKeeper``)."""
+
+    def __init__(self, store: Store, hub: Hub, box: SecretBox, redactor: Redactor) -> None:
+        self._store = store
+        self._hub = hub
+        self._box = box
+        self._redactor = redactor
+        self._envs: dict[str, _EnvState] = {}
+        self._material: dict[str, JoinMaterial] = {}
+        self._specs: dict[tuple[str, int], ClusterSpec | None] = {}
+
+    # -- spec and placement -------------------------------------------------------------------
+
+    def cluster_spec(self, environment: str) -> ClusterSpec | None:
+        env = self._store.get_environment(environment)
+        if env is None:
+            return None
+        key = (env.name, env.generation)
+        if key not in self._specs:
+            spec = load_document(env.document).spec
+            kube = spec.kubernetes
+            installer_ok = kube is not None and kube.install and kube.installer == "kubeadm"
+            self._specs[key] = spec.cluster if (spec.cluster is not None and installer_ok) else None
+        return self._specs[key]
+
+    def init_node(self, environment: str) -> str:
+        raw = self._store.kv_get(_key(environment, "init-node"))
+        return raw.decode() if raw else ""
+
+    async def context(self, node: NodeRecord) -> ClusterContext | None:
+        """The node's cluster position; the first control plane to ask becomes the init node."""
+        spec = self.cluster_spec(node.environment)
+        if spec is None:
+            return None
+        ha = spec.high_availability
+        common = {
+            "upload_certs": spec.control_plane.count > 1 or ha.enabled,
+            "ha_endpoint": _with_port(ha.endpoint) if ha.enabled else "",
+            "dedicated_control_plane": spec.control_plane.dedicated,
+        }
+        if node.role != Role.CONTROL_PLANE.value:
+            return ClusterContext(Position.WORKER, **common)  # type: ignore[arg-type]
+        chosen = (
+            await self._store.kv_put_if_absent(_key(node.environment, "init-node"), node.name.encode())
+        ).decode()
+        if chosen == node.name:
+            log.info(
+                "control plane chosen to initialise the cluster", environment=node.environment, node=node.name
+            )
+        position = Position.INIT if chosen == node.name else Position.CONTROL_PLANE
+        return ClusterContext(position, **common)  # type: ignore[arg-type]
+
+    # -- material -----------------------------------------------------------------------------
+
+    def material(self, environment: str) -> JoinMaterial | None:
+        cached = self._material.get(environment)
+        if cached is not None:
+            return cached
+        blob = self._store.kv_get(_key(environment, "material"))
+        if blob is None:
+            return None
+        material = JoinMaterial.from_bytes(self._box.open(blob, _key(environment, "material")))
+        self._redactor.add(*material.secrets())
+        self._material[environment] = material
+        return material
+
+    async def _save_material(self, environment: str, material: JoinMaterial) -> None:
+        key = _key(environment, "material")
+        await self._store.kv_put(key, self._box.seal(material.to_bytes(), key))
+        self._material[environment] = material
+        self._redactor.add(*material.secrets())
+
+    async def forget_material(self, environment: str) -> None:
+        """Treat the stored material as expired (operators, tests): the next join refreshes it."""
+        current = self.material(environment)
+        if current is not None:
+            await self._save_material(
+                environment,
+                JoinMaterial(
+                    current.token,
+                    current.ca_hash,
+                    current.cert_key,
+                    current.issued_ms,
+                    0,
+                    0,
+                    current.endpoint,
+                ),
+            )
+
+    # -- GateKeeper ---------------------------------------------------------------------------
+
+    async def gate_requested(self, node: NodeRecord, step: str, digest: str, attempt: int = 1) -> None:
+        steps = {s.name: s for s in self._store.node_steps(node.name)}
+        if step != JOIN_STEP or step not in steps or steps[step].digest != digest:
+            log.warning("gate request for a step this node's plan does not gate", node=node.name, step=step)
+            return
+        env = node.environment
+        state = self._envs.setdefault(env, _EnvState())
+        control_plane = node.role == Role.CONTROL_PLANE.value
+        material = self.material(env)
+        stale = (
+            attempt > 1 and material is not None and material.issued_ms <= state.released_ms.get(node.name, 0)
+        )
+        if material is not None and material.usable_for(control_plane, now_ms()) and not stale:
+            self._release(node.name, step, digest, material, control_plane)
+            return
+        state.waiters[node.name] = _Waiter(node.name, step, digest, control_plane)
+        if material is None:
+            log.info("node waits at its gate for kubeadm init", node=node.name, environment=env)
+            return
+        log.info(
+            "join material expired or refused; asking a control plane for fresh material",
+            node=node.name,
+            environment=env,
+            attempt=attempt,
+        )
+        self._request_refresh(env, cert_key=control_plane, force=stale)
+
+    async def secrets_received(
+        self, node: NodeRecord, step: str, values: Mapping[str, str], command_id: str
+    ) -> bool:
+        env = node.environment
+        state = self._envs.setdefault(env, _EnvState())
+        is_init = step == INIT_STEP and node.name == self.init_node(env)
+        is_refresh = bool(command_id) and command_id == state.refresh_id
+        if not (is_init or is_refresh):
+            log.warning(
+                "secret outputs from a step that produces no join material; dropped",
+                node=node.name,
+                step=step,
+            )
+            return True
+        material = JoinMaterial.from_outputs(values, now_ms(), self.material(env))
+        await self._save_material(env, material)
+        if values.get(KUBECONFIG):
+            key = _key(env, "kubeconfig")
+            await self._store.kv_put(key, self._box.seal(values[KUBECONFIG].encode(), key))
+        if is_refresh:
+            state.refresh_id = ""
+        log.info(
+            "join material stored",
+            environment=env,
+            source="init" if is_init else "refresh",
+            material=material,
+        )
+        self._release_waiters(env)
+        return True
+
+    def _release(
+        self, node: str, step: str, digest: str, material: JoinMaterial, control_plane: bool
+    ) -> None:
+        env = {**material.release_env(control_plane)}
+        if self._hub.send(
+            node,
+            wire.agent.ControllerMessage(
+                release=wire.agent.Release(step=step, digest=digest, secret_env=env)
+            ),
+        ):
+            node_rec = self._store.get_node(node)
+            if node_rec is not None:
+                self._envs.setdefault(node_rec.environment, _EnvState()).released_ms[node] = now_ms()
+            log.info("gate opened", node=node, gate=JOIN_GATE, control_plane=control_plane)
+
+    def _release_waiters(self, env: str) -> None:
+        state = self._envs.setdefault(env, _EnvState())
+        material = self.material(env)
+        if material is None:
+            return
+        need_cert_key = False
+        for name, waiter in list(state.waiters.items()):
+            if material.usable_for(waiter.control_plane, now_ms()):
+                del state.waiters[name]
+                self._release(name, waiter.step, waiter.digest, material, waiter.control_plane)
+            else:
+                need_cert_key = need_cert_key or waiter.control_plane
+        if state.waiters:
+            self._request_refresh(env, cert_key=need_cert_key, force=False)
+
+    def _request_refresh(self, env: str, *, cert_key: bool, force: bool) -> None:
+        state = self._envs.setdefault(env, _EnvState())
+        in_flight = state.refresh_id and time.monotonic() - state.refresh_started < REFRESH_RETRY_S
+        if in_flight and not force and (state.refresh_cert_key or not cert_key):
+            return
+        target = self._refresher(env)
+        if target is None:
+            log.warning(
+                "no control plane is connected to refresh the join material; waiting", environment=env
+            )
+            return
+        command_id = f"refresh-{env}-{now_ms()}"
+        state.refresh_id, state.refresh_started, state.refresh_cert_key = (
+            command_id,
+            time.monotonic(),
+            cert_key,
+        )
+        step = refresh_task(upload_certs=cert_key)
+        self._hub.send(
+            target,
+            wire.agent.ControllerMessage(
+                command=wire.agent.Command(id=command_id, task=wire.agent.RunTask(step=wire.step_to_pb(step)))
+            ),
+        )
+        log.info("join material refresh requested", environment=env, node=target, certificate_key=cert_key)
+
+    def _refresher(self, env: str) -> str | None:
+        """A connected control plane that has joined the cluster (the init node first)."""
+        init = self.init_node(env)
+        others = sorted(n.name for n in self._store.list_nodes(env) if n.role == Role.CONTROL_PLANE.value)
+        candidates = [init, *(n for n in others if n != init)]
+        for name in candidates:
+            if name and self._hub.connected(name) and self._joined(name):
+                return name
+        return None
+
+    def _joined(self, node: str) -> bool:
+        return any(
+            s.name in (INIT_STEP, JOIN_STEP) and s.state in ("succeeded", "skipped")
+            for s in self._store.node_steps(node)
+        )
+
+    # -- events and connections ---------------------------------------------------------------
+
+    async def on_connect(self, node: NodeRecord) -> None:
+        """A node (re)connected: a control plane can now do pending refreshes and labelling."""
+        if self.cluster_spec(node.environment) is None or node.role != Role.CONTROL_PLANE.value:
+            return
+        state = self._envs.get(node.environment)
+        if state is not None and state.waiters and self.material(node.environment) is not None:
+            self._release_waiters(node.environment)
+        self._label_pending(node.environment)
+
+    async def on_events(self, node: NodeRecord, events: Sequence[Event]) -> None:
+        if self.cluster_spec(node.environment) is None:
+            return
+        for e in events:
+            if e.kind is EventKind.SUCCEEDED and e.step in (INIT_STEP, JOIN_STEP):
+                self._label_pending(node.environment)
+            elif e.step.startswith(LABEL_TASK_PREFIX) and e.kind is EventKind.SUCCEEDED:
+                target = e.step.removeprefix(LABEL_TASK_PREFIX)
+                await self._store.kv_put(
+                    _key(node.environment, f"labelled/{target}"),
+                    self._labels_digest(node.environment, target).encode(),
+                )
+                log.info("node labelled and tainted", node=target)
+
+    def _labels_digest(self, env: str, node: str) -> str:
+        spec = self.cluster_spec(env)
+        rec = self._store.get_node(node)
+        if spec is None or rec is None:
+            return ""
+        pool = spec.control_plane if rec.role == Role.CONTROL_PLANE.value else spec.workers
+        return repr((rec.role, sorted(pool.labels.items()), spec.control_plane.dedicated))
+
+    def _label_pending(self, env: str) -> None:
+        spec = self.cluster_spec(env)
+        if spec is None:
+            return
+        target_cp = self._refresher(env)
+        if target_cp is None:
+            return
+        for n in self._store.list_nodes(env):
+            if n.revoked or not self._joined(n.name):
+                continue
+            done = self._store.kv_get(_key(env, f"labelled/{n.name}"))
+            if done is not None and done.decode() == self._labels_digest(env, n.name):
+                continue
+            control_plane = n.role == Role.CONTROL_PLANE.value
+            pool = spec.control_plane if control_plane else spec.workers
+            step = label_task(
+                n.name,
+                role=n.role,
+                labels=dict(pool.labels),
+                untaint=control_plane and not spec.control_plane.dedicated,
+            )
+            self._hub.send(
+                target_cp,
+                wire.agent.ControllerMessage(
+                    command=wire.agent.Command(
+                        id=f"label-{n.name}-{now_ms()}", task=wire.agent.RunTask(step=wire.step_to_pb(step))
+                    )
+                ),
+            )
+
+    # -- health and kubeconfig ----------------------------------------------------------------
+
+    def kubeconfig(self, environment: str, server: str = "") -> str:
+        key = _key(environment, "kubeconfig")
+        blob = self._store.kv_get(key)
+        if blob is None:
+            raise NotFound(
+                f"environment {environment!r} has no kubeconfig yet (kubeadm init has not finished)"
+            )
+        doc = yaml.safe_load(base64.b64decode(self._box.open(blob, key)))
+        address = server or self._endpoint(environment)
+        if not address:
+            raise FailedPrecondition("no API endpoint is known; pass --server HOST:PORT")
+        url = address if address.startswith("https://") else f"https://{_with_port(address)}"
+        for cluster in doc.get("clusters", []):
+            cluster.setdefault("cluster", {})["server"] = url
+        return str(yaml.safe_dump(doc, sort_keys=False))
+
+    def _endpoint(self, environment: str) -> str:
+        material = self.material(environment)
+        return material.endpoint if material is not None else ""
+
+
+def _with_port(host: str) -> str:
+    if not host:
+        return ""
+    if host.startswith("["):
+        return host if "]:" in host else f"{host}:{API_PORT}"
+    return host if host.count(":") == 1 else f"{host}:{API_PORT}"

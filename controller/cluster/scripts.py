@@ -1,0 +1,80 @@
+"""Scripts the controller sends to a control plane as one-off tasks (not part of any plan).
+
+Pure functions returning ``Step``s; every input travels as environment, never as
+script text, and nothing secret is ever printed (the material goes to
+``$TETHER_SECRETS_OUT``, which the agent sends over its stream and deletes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from controller.cluster.material import CERT_KEY, DEFAULT_TOKEN_TTL_S, TOKEN_TTL
+from nodeagent.model import Step
+
+_PREAMBLE = """#!/usr/bin/env bash
+# tether cluster task: {what}
+set -euo pipefail
+export KUBECONFIG=/etc/kubernetes/admin.conf
+"""
+
+_REFRESH = """
+token=$(kubeadm token create --ttl "${TOKEN_TTL}s")
+ca_hash=$(openssl x509 -pubkey -noout -in /etc/kubernetes/pki/ca.crt \\
+  | openssl pkey -pubin -outform der | sha256sum | cut -d' ' -f1)
+{
+  printf 'JOIN_TOKEN=%s\\n' "$token"
+  printf 'JOIN_CA_HASH=sha256:%s\\n' "$ca_hash"
+  printf '%s=%s\\n' "TOKEN_TTL_NAME" "$TOKEN_TTL"
+} >> "$TETHER_SECRETS_OUT"
+if [ "$UPLOAD_CERTS" = 1 ]; then
+  cert_key=$(kubeadm init phase upload-certs --upload-certs 2>/dev/null | tail -n 1)
+  printf '%s=%s\\n' "CERT_KEY_NAME" "$cert_key" >> "$TETHER_SECRETS_OUT"
+fi
+echo "fresh join material handed to the agent (token TTL ${TOKEN_TTL}s, certificate key: $UPLOAD_CERTS)"
+"""
+
+_LABEL = """
+kubectl label node "$NODE" tether.dev/managed=true "tether.dev/role=$ROLE" --overwrite
+if [ "$ROLE" = worker ]; then
+  kubectl label node "$NODE" node-role.kubernetes.io/worker= --overwrite
+fi
+# Spec labels were validated as key=value without whitespace at apply time.
+for kv in $LABELS; do
+  kubectl label node "$NODE" "$kv" --overwrite
+done
+if [ "$UNTAINT" = 1 ] && kubectl get node "$NODE" -o jsonpath='{.spec.taints}' | grep -q control-plane; then
+  kubectl taint node "$NODE" node-role.kubernetes.io/control-plane:NoSchedule-
+fi
+echo "node $NODE labelled"
+"""
+
+
+def refresh_task(*, upload_certs: bool, token_ttl_seconds: int = DEFAULT_TOKEN_TTL_S) -> Step:
+    script = _PREAMBLE.format(what="refresh kubeadm join material") + _REFRESH.replace(
+        "TOKEN_TTL_NAME", TOKEN_TTL
+    ).replace("CERT_KEY_NAME", CERT_KEY)
+    return Step(
+        name="refresh-join-material",
+        script=script,
+        timeout_seconds=300,
+        component="kubeadm",
+        env={"TOKEN_TTL": str(token_ttl_seconds), "UPLOAD_CERTS": "1" if upload_certs else "0"},
+    ).sealed()
+
+
+def label_task(node: str, *, role: str, labels: Mapping[str, str], untaint: bool) -> Step:
+    script = _PREAMBLE.format(what="label and taint a node that joined") + _LABEL
+    return Step(
+        name=f"label-{node}",
+        script=script,
+        timeout_seconds=120,
+        component="kubeadm",
+        retries=3,
+        env={
+            "NODE": node,
+            "ROLE": role,
+            "LABELS": " ".join(f"{k}={v}" for k, v in sorted(labels.items())),
+            "UNTAINT": "1" if untaint else "0",
+        },
+    ).sealed()
