@@ -818,12 +818,22 @@ class ClusterNodeHealth(_message.Message):
     VERSION_FIELD_NUMBER: _builtins.int
     INTERNAL_IP_FIELD_NUMBER: _builtins.int
     AGENT_STATE_FIELD_NUMBER: _builtins.int
+    KUBELET_FIELD_NUMBER: _builtins.int
+    RUNTIME_FIELD_NUMBER: _builtins.int
+    JOINED_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     role: _builtins.str
     ready: _builtins.bool
     version: _builtins.str
     internal_ip: _builtins.str
     agent_state: _builtins.str
+    """the tether node state (provisioning, provisioned, failed, offline)"""
+    kubelet: _builtins.str
+    """the kubelet unit's state as the node's agent reports it"""
+    runtime: _builtins.str
+    """the container runtime unit's state"""
+    joined: _builtins.bool
+    """its kubeadm init/join step succeeded"""
     def __init__(
         self,
         *,
@@ -833,10 +843,13 @@ class ClusterNodeHealth(_message.Message):
         version: _builtins.str = ...,
         internal_ip: _builtins.str = ...,
         agent_state: _builtins.str = ...,
+        kubelet: _builtins.str = ...,
+        runtime: _builtins.str = ...,
+        joined: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_state", b"agent_state", "internal_ip", b"internal_ip", "name", b"name", "ready", b"ready", "role", b"role", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_state", b"agent_state", "internal_ip", b"internal_ip", "joined", b"joined", "kubelet", b"kubelet", "name", b"name", "ready", b"ready", "role", b"role", "runtime", b"runtime", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -852,10 +865,16 @@ class ClusterHealth(_message.Message):
     CONDITIONS_FIELD_NUMBER: _builtins.int
     NODES_FIELD_NUMBER: _builtins.int
     ENDPOINT_FIELD_NUMBER: _builtins.int
+    INIT_NODE_FIELD_NUMBER: _builtins.int
+    DESIRED_CONTROL_PLANES_FIELD_NUMBER: _builtins.int
+    DESIRED_WORKERS_FIELD_NUMBER: _builtins.int
     environment: _builtins.str
     available: _builtins.bool
     api_server: _builtins.str
     endpoint: _builtins.str
+    init_node: _builtins.str
+    desired_control_planes: _builtins.int
+    desired_workers: _builtins.int
     @_builtins.property
     def conditions(self) -> _containers.RepeatedCompositeFieldContainer[Global___Condition]: ...
     @_builtins.property
@@ -869,10 +888,13 @@ class ClusterHealth(_message.Message):
         conditions: _abc.Iterable[Global___Condition] | None = ...,
         nodes: _abc.Iterable[Global___ClusterNodeHealth] | None = ...,
         endpoint: _builtins.str = ...,
+        init_node: _builtins.str = ...,
+        desired_control_planes: _builtins.int = ...,
+        desired_workers: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["api_server", b"api_server", "available", b"available", "conditions", b"conditions", "endpoint", b"endpoint", "environment", b"environment", "nodes", b"nodes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["api_server", b"api_server", "available", b"available", "conditions", b"conditions", "desired_control_planes", b"desired_control_planes", "desired_workers", b"desired_workers", "endpoint", b"endpoint", "environment", b"environment", "init_node", b"init_node", "nodes", b"nodes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -919,6 +941,40 @@ class GetKubeconfigResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetKubeconfigResponse: _TypeAlias = GetKubeconfigResponse  # noqa: Y015
+
+@_typing.final
+class ExpireJoinMaterialRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENVIRONMENT_FIELD_NUMBER: _builtins.int
+    environment: _builtins.str
+    def __init__(
+        self,
+        *,
+        environment: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["environment", b"environment"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExpireJoinMaterialRequest: _TypeAlias = ExpireJoinMaterialRequest  # noqa: Y015
+
+@_typing.final
+class ExpireJoinMaterialResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExpireJoinMaterialResponse: _TypeAlias = ExpireJoinMaterialResponse  # noqa: Y015
 
 @_typing.final
 class SshTarget(_message.Message):

@@ -115,6 +115,11 @@ class AdminServiceStub:
                 request_serializer=tether_dot_v1_dot_admin__pb2.GetKubeconfigRequest.SerializeToString,
                 response_deserializer=tether_dot_v1_dot_admin__pb2.GetKubeconfigResponse.FromString,
                 _registered_method=True)
+        self.ExpireJoinMaterial = channel.unary_unary(
+                '/tether.v1.AdminService/ExpireJoinMaterial',
+                request_serializer=tether_dot_v1_dot_admin__pb2.ExpireJoinMaterialRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_admin__pb2.ExpireJoinMaterialResponse.FromString,
+                _registered_method=True)
         self.Bootstrap = channel.unary_stream(
                 '/tether.v1.AdminService/Bootstrap',
                 request_serializer=tether_dot_v1_dot_admin__pb2.BootstrapRequest.SerializeToString,
@@ -223,6 +228,13 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ExpireJoinMaterial(self, request, context):
+        """Treat the stored kubeadm join material as expired: the next join gets fresh material.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Bootstrap(self, request, context):
         """Adopt a machine over SSH or SSM; the credentials live for this call only.
         """
@@ -312,6 +324,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.GetKubeconfig,
                     request_deserializer=tether_dot_v1_dot_admin__pb2.GetKubeconfigRequest.FromString,
                     response_serializer=tether_dot_v1_dot_admin__pb2.GetKubeconfigResponse.SerializeToString,
+            ),
+            'ExpireJoinMaterial': grpc.unary_unary_rpc_method_handler(
+                    servicer.ExpireJoinMaterial,
+                    request_deserializer=tether_dot_v1_dot_admin__pb2.ExpireJoinMaterialRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_admin__pb2.ExpireJoinMaterialResponse.SerializeToString,
             ),
             'Bootstrap': grpc.unary_stream_rpc_method_handler(
                     servicer.Bootstrap,
@@ -751,6 +768,33 @@ class AdminService:
             '/tether.v1.AdminService/GetKubeconfig',
             tether_dot_v1_dot_admin__pb2.GetKubeconfigRequest.SerializeToString,
             tether_dot_v1_dot_admin__pb2.GetKubeconfigResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExpireJoinMaterial(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.AdminService/ExpireJoinMaterial',
+            tether_dot_v1_dot_admin__pb2.ExpireJoinMaterialRequest.SerializeToString,
+            tether_dot_v1_dot_admin__pb2.ExpireJoinMaterialResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -55,6 +55,8 @@ class AdminServiceStub:
     """
     GetClusterHealth: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetClusterHealthRequest, _admin_pb2.ClusterHealth]
     GetKubeconfig: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetKubeconfigRequest, _admin_pb2.GetKubeconfigResponse]
+    ExpireJoinMaterial: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ExpireJoinMaterialRequest, _admin_pb2.ExpireJoinMaterialResponse]
+    """Treat the stored kubeadm join material as expired: the next join gets fresh material."""
     Bootstrap: _grpc.UnaryStreamMultiCallable[_admin_pb2.BootstrapRequest, _admin_pb2.BootstrapEvent]
     """Adopt a machine over SSH or SSM; the credentials live for this call only."""
 
@@ -80,6 +82,8 @@ class AdminServiceAsyncStub(AdminServiceStub):
     """
     GetClusterHealth: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetClusterHealthRequest, _admin_pb2.ClusterHealth]  # type: ignore[assignment]
     GetKubeconfig: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetKubeconfigRequest, _admin_pb2.GetKubeconfigResponse]  # type: ignore[assignment]
+    ExpireJoinMaterial: _aio.UnaryUnaryMultiCallable[_admin_pb2.ExpireJoinMaterialRequest, _admin_pb2.ExpireJoinMaterialResponse]  # type: ignore[assignment]
+    """Treat the stored kubeadm join material as expired: the next join gets fresh material."""
     Bootstrap: _aio.UnaryStreamMultiCallable[_admin_pb2.BootstrapRequest, _admin_pb2.BootstrapEvent]  # type: ignore[assignment]
     """Adopt a machine over SSH or SSM; the credentials live for this call only."""
 
@@ -198,6 +202,14 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _admin_pb2.GetKubeconfigRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_admin_pb2.GetKubeconfigResponse, _abc.Awaitable[_admin_pb2.GetKubeconfigResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ExpireJoinMaterial(
+        self,
+        request: _admin_pb2.ExpireJoinMaterialRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.ExpireJoinMaterialResponse, _abc.Awaitable[_admin_pb2.ExpireJoinMaterialResponse]]:
+        """Treat the stored kubeadm join material as expired: the next join gets fresh material."""
 
     @_abc_1.abstractmethod
     def Bootstrap(
