@@ -15,7 +15,7 @@ from controller.cli.client import CliError, connect, explain
 from controller.cli.output import ago, emit, table, to_dict, when
 from controller.render import NodeContext, render
 from controller.render.targets import facts_for
-from controller.spec import SpecError, load_document
+from controller.spec import SpecError, inline_local_files, load_document
 from nodeagent.model import Event, Plan
 
 
@@ -46,7 +46,13 @@ class _Session:
 
 
 def env_apply(args: argparse.Namespace) -> int:
-    document = _read(args.file)
+    base_dir = Path.cwd() if args.file == "-" else Path(args.file).parent
+    try:
+        document = inline_local_files(_read(args.file), base_dir)
+    except SpecError as exc:
+        for problem in exc.problems:
+            print(problem, file=sys.stderr)
+        return 1
     s = _Session(args)
     try:
         reply = s.stub.ApplyEnvironment(
@@ -99,8 +105,9 @@ def env_delete(args: argparse.Namespace) -> int:
 
 
 def env_validate(args: argparse.Namespace) -> int:
+    base_dir = Path.cwd() if args.file == "-" else Path(args.file).parent
     try:
-        loaded = load_document(_read(args.file))
+        loaded = load_document(inline_local_files(_read(args.file), base_dir))
     except SpecError as exc:
         for problem in exc.problems:
             print(problem)
@@ -112,8 +119,9 @@ def env_validate(args: argparse.Namespace) -> int:
 
 
 def env_render(args: argparse.Namespace) -> int:
+    base_dir = Path.cwd() if args.file == "-" else Path(args.file).parent
     try:
-        loaded = load_document(_read(args.file))
+        loaded = load_document(inline_local_files(_read(args.file), base_dir))
     except SpecError as exc:
         for problem in exc.problems:
             print(problem, file=sys.stderr)
