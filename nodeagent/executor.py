@@ -22,7 +22,7 @@ from nodeagent.statedb import StateDB
 
 log = logs.get_logger("tether.agent.executor")
 
-GateWaiter = Callable[[Step], Awaitable[Mapping[str, str]]]
+GateWaiter = Callable[[Step, int], Awaitable[Mapping[str, str]]]  # (step, attempt) -> secret env
 RETRY_BASE_SECONDS = 5.0
 
 
@@ -202,32 +202,9 @@ class Executor:
         if entry is not None and entry.state is JournalState.RUNNING:
             killed = kill_leftovers(self.runner.script_path(step))
             log.warning("resuming an interrupted step", attempt=entry.attempt, leftover_groups_killed=killed)
-        secrets: Mapping[str, str] = {}
-        if step.gate:
-            self.state = "waiting"
-            self.emit(
-                Event(
-                    kind=EventKind.WAITING,
-                    step=step.name,
-                    digest=step.digest,
-                    plan_generation=plan.generation,
-                    message=f"waiting for gate {step.gate}",
-                )
-            )
-            gate_task = asyncio.ensure_future(self._gate(step))
-            wake_task = asyncio.ensure_future(self._wake.wait())
-            try:
-                await asyncio.wait({gate_task, wake_task}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                wake_task.cancel()
-            if not gate_task.done():
-                gate_task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await gate_task
-                return "stop"  # woken for a new plan or rerun
-            secrets = gate_task.result()
-            self.state = "running"
-        result = await self._run_with_retries(plan, step, secrets)
+        result = await self._run_with_retries(plan, step)
+        if result is None:
+            return "stop"  # woken at a gate for a new plan or a rerun
         if result.ok:
             if step.reboot:
                 await self._do_reboot()  # the journal already says REBOOTING
@@ -240,10 +217,46 @@ class Executor:
         log.error("step failed; plan stopped", exit_code=result.exit_code, error=result.error)
         return "stop"
 
-    async def _run_with_retries(self, plan: Plan, step: Step, secrets: Mapping[str, str]) -> StepResult:
+    async def _wait_gate(self, plan: Plan, step: Step, attempt: int) -> Mapping[str, str] | None:
+        """The secret values a gated step runs with, or None when woken for a new plan or a rerun.
+
+        Asked again for every attempt: a retry must not reuse material the cluster refused.
+        """
+        self.state = "waiting"
+        self.emit(
+            Event(
+                kind=EventKind.WAITING,
+                step=step.name,
+                digest=step.digest,
+                attempt=attempt,
+                plan_generation=plan.generation,
+                message=f"waiting for gate {step.gate}",
+            )
+        )
+        gate_task = asyncio.ensure_future(self._gate(step, attempt))
+        wake_task = asyncio.ensure_future(self._wake.wait())
+        try:
+            await asyncio.wait({gate_task, wake_task}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            wake_task.cancel()
+        if not gate_task.done():
+            gate_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await gate_task
+            return None
+        self.state = "running"
+        return gate_task.result()
+
+    async def _run_with_retries(self, plan: Plan, step: Step) -> StepResult | None:
         attempts = step.retries + 1
         result = StepResult(exit_code=-1, duration_seconds=0.0, error="not run")
         for attempt in range(1, attempts + 1):
+            secrets: Mapping[str, str] = {}
+            if step.gate:
+                released = await self._wait_gate(plan, step, attempt)
+                if released is None:
+                    return None
+                secrets = released
             with self.db.transaction():
                 self.journal.record(
                     step.digest,

@@ -86,7 +86,7 @@ class Agent:
         self._kick = asyncio.Event()
         self._control: asyncio.Queue[wire.pb.AgentMessage] = asyncio.Queue()
         self._gates: dict[str, asyncio.Future[Mapping[str, str]]] = {}
-        self._gate_digests: dict[str, str] = {}
+        self._gate_digests: dict[str, tuple[str, int]] = {}  # step -> (digest, attempt)
         self._unacked_secrets: dict[str, wire.pb.StepSecrets] = {}
         self._streaming = False
         self._ready_sent = False
@@ -248,8 +248,10 @@ class Agent:
 
     async def _writer(self, call: grpc.aio.StreamStreamCall, stored_seq: int) -> None:  # type: ignore[type-arg]
         last_sent = stored_seq
-        for name, digest in self._gate_digests.items():
-            await call.write(wire.pb.AgentMessage(gate=wire.pb.GateRequest(step=name, digest=digest)))
+        for name, (digest, attempt) in self._gate_digests.items():
+            await call.write(
+                wire.pb.AgentMessage(gate=wire.pb.GateRequest(step=name, digest=digest, attempt=attempt))
+            )
         for secrets in self._unacked_secrets.values():
             await call.write(wire.pb.AgentMessage(secrets=secrets))
         while True:
@@ -293,13 +295,17 @@ class Agent:
 
     # -- gates, secrets, commands -------------------------------------------------------------
 
-    async def _wait_gate(self, step: Step) -> Mapping[str, str]:
+    async def _wait_gate(self, step: Step, attempt: int) -> Mapping[str, str]:
         fut = self._gates.get(step.name)
         if fut is None or fut.done():
             fut = asyncio.get_running_loop().create_future()
             self._gates[step.name] = fut
-        self._gate_digests[step.name] = step.digest
-        self._send(wire.pb.AgentMessage(gate=wire.pb.GateRequest(step=step.name, digest=step.digest)))
+        self._gate_digests[step.name] = (step.digest, attempt)
+        self._send(
+            wire.pb.AgentMessage(
+                gate=wire.pb.GateRequest(step=step.name, digest=step.digest, attempt=attempt)
+            )
+        )
         try:
             return await fut
         finally:
@@ -309,7 +315,8 @@ class Agent:
     def _release(self, step: str, digest: str, secret_env: dict[str, str]) -> None:
         self.redactor.add(*secret_env.values())
         fut = self._gates.get(step)
-        if fut is not None and not fut.done() and self._gate_digests.get(step) == digest:
+        pending = self._gate_digests.get(step)
+        if fut is not None and not fut.done() and pending is not None and pending[0] == digest:
             fut.set_result(secret_env)
 
     def _on_step_secrets(self, step: str, values: Mapping[str, str], command_id: str = "") -> None:

@@ -22,6 +22,7 @@ class Harness:
         self.reboots = 0
         self.released: asyncio.Future[Mapping[str, str]] | None = None
         self.secrets: list[tuple[str, Mapping[str, str]]] = []
+        self.gate_attempts: list[int] = []
         self.db = StateDB(tmp_path / "state.db")
         self.executor = Executor(
             self.db,
@@ -36,7 +37,8 @@ class Harness:
     async def _reboot(self) -> None:
         self.reboots += 1
 
-    async def _gate(self, step: Step) -> Mapping[str, str]:
+    async def _gate(self, step: Step, attempt: int) -> Mapping[str, str]:
+        self.gate_attempts.append(attempt)
         self.released = asyncio.get_running_loop().create_future()
         return await self.released
 
@@ -165,3 +167,25 @@ async def test_secret_outputs_go_to_the_callback_not_the_events(tmp_path: Path) 
     await h.run(plan(init))
     assert h.secrets == [("init", {"TOKEN": "abcdef.0123456789abcdef"})]
     assert "0123456789abcdef" not in h.db.path.read_bytes().decode("latin-1")
+
+
+async def test_each_attempt_of_a_gated_step_asks_for_a_fresh_release(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    join = Step(
+        name="join",
+        gate="cluster-join",
+        retries=1,
+        secret_env=("JOIN_TOKEN",),
+        script=f'echo "$JOIN_TOKEN" >> {tmp_path}/tokens; [ "$JOIN_TOKEN" = second-token-value ]\n',
+    )
+    runner = asyncio.create_task(h.run(plan(join)))
+    for value in ("first-token-value", "second-token-value"):
+        for _ in range(500):
+            if h.released is not None and not h.released.done():
+                break
+            await asyncio.sleep(0.01)
+        assert h.released is not None
+        h.released.set_result({"JOIN_TOKEN": value})
+    await runner
+    assert h.gate_attempts == [1, 2]
+    assert (tmp_path / "tokens").read_text() == "first-token-value\nsecond-token-value\n"
