@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from controller.cluster.context import ClusterContext
 from controller.render.shell import Trusted
 from nodeagent.model import HostFacts
 
@@ -23,6 +24,8 @@ class NodeContext:
 
     role: str
     facts: HostFacts
+    # The node's place in a kubeadm cluster (spec.cluster); None renders single-node Kubernetes.
+    cluster: ClusterContext | None = None
 
 
 @dataclass(frozen=True)

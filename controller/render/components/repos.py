@@ -27,7 +27,7 @@ def steps(inp: RenderInput) -> list[Step]:
                 "key_env": Trusted(key_env),
                 "trusted": repo.trusted,
                 "suite": q(repo.suite),
-                "components": q(list(repo.components)),
+                "components": q(" ".join(repo.components)),
                 "keyfile": q(
                     f"/etc/apt/keyrings/{name}.asc"
                     if inp.target.pm == "apt"
