@@ -31,30 +31,35 @@ SCENARIOS: dict[str, str] = {
         f"{{url: 'https://download.nvidia.com/NVIDIA-Linux-x86_64-580.65.06.run', checksum: '{SHA}'}}}}\n"
     ),
     "driver-git": "  nvidiaDriver: {install: true, source: git, git: {ref: 580.65.06}}\n",
-    "containerd-package": "  containerRuntime: {install: true, name: containerd, package: {version: 1.7.27}}\n",
-    "containerd-git": "  containerRuntime: {install: true, name: containerd, source: git, git: {ref: v2.0.5}}\n",
+    "containerd-package": "  containerRuntime: {install: true, package: {version: 1.7.27}}\n",
+    "containerd-git": "  containerRuntime: {install: true, source: git, git: {ref: v2.0.5}}\n",
     "containerd-latest": "  containerRuntime: {install: true, name: containerd, source: latest}\n",
     "docker-package": (
         "  containerRuntime: {install: true, name: docker, package: {version: 27.3.1}}\n"
         "  kubernetes: {install: true, Installer: kubeadm}\n"
     ),
     "docker-git": "  containerRuntime: {install: true, name: docker, source: git, git: {ref: v27.3.1}}\n",
-    "docker-latest": "  containerRuntime: {install: true, name: docker, source: latest, latest: {track: master}}\n",
+    "docker-latest": (
+        "  containerRuntime: {install: true, name: docker, source: latest, latest: {track: master}}\n"
+    ),
     "crio-package": "  containerRuntime: {install: true, name: crio, package: {version: v1.33.2}}\n",
     "crio-git": "  containerRuntime: {install: true, name: crio, source: git, git: {ref: v1.33.2}}\n",
     "crio-latest": "  containerRuntime: {install: true, name: crio, source: latest}\n",
     "toolkit-package": (
-        "  nvidiaContainerToolkit: {install: true, enableCDI: true, package: {channel: stable, version: 1.17.8-1}}\n"
+        "  nvidiaContainerToolkit:\n"
+        "    {install: true, enableCDI: true, package: {channel: stable, version: 1.17.8-1}}\n"
     ),
     "toolkit-git": "  nvidiaContainerToolkit: {install: true, source: git, git: {ref: v1.17.8}}\n",
-    "toolkit-latest": "  nvidiaContainerToolkit: {install: true, source: latest}\n  containerRuntime: {name: crio}\n",
+    "toolkit-latest": (
+        "  nvidiaContainerToolkit: {install: true, source: latest}\n  containerRuntime: {name: crio}\n"
+    ),
     "kubeadm-release": (
         "  kubernetes:\n    install: true\n    Installer: kubeadm\n    release: {version: v1.33.4}\n"
         "    K8sFeatureGates: [DynamicResourceAllocation=true]\n    K8sEndpointHost: api.example.com\n"
     ),
     "kubeadm-release-legacy": "  kubernetes: {install: true, Installer: kubeadm, Version: v1.30.2}\n",
     "kubeadm-git": "  kubernetes: {install: true, source: git, git: {ref: v1.35.3}}\n",
-    "kubeadm-latest": "  kubernetes: {install: true, source: latest}\n  containerRuntime: {name: docker}\n",
+    "kubeadm-latest": ("  kubernetes: {install: true, source: latest}\n  containerRuntime: {name: docker}\n"),
     "kind-release": (
         "  containerRuntime: {install: true, name: docker}\n"
         "  kubernetes: {install: true, Installer: kind, release: {version: v1.33.1}, "
@@ -118,7 +123,8 @@ def golden_text(plan: Plan) -> tuple[str, dict[str, str]]:
         meta = {
             k: v
             for k, v in dataclasses.asdict(step).items()
-            if k in ("phase", "component", "timeout_seconds", "reboot", "continue_on_error", "requested", "env")
+            if k
+            in ("phase", "component", "timeout_seconds", "reboot", "continue_on_error", "requested", "env")
         }
         parts.append(f"######## {i:02d} {step.name} {meta}\n")
         if "\ncheck_os\n" in step.script:
