@@ -212,7 +212,7 @@ class AdminService(wire.AdminServiceServicer):
             requested: dict[str, dict[str, str]] = {}
             if node.facts:
                 with contextlib.suppress(Exception):
-                    plan = app.planner.plan(node.environment, node.role, facts)
+                    plan = app.planner.plan(node.environment, node.role, facts, app.cluster.peek(node))
                     requested = {s.name: dict(s.requested) for s in plan.steps}
             step_pbs = [wire.step_status_to_pb(s, requested.get(s.name)) for s in steps]
         return wire.node_to_pb(
@@ -334,7 +334,9 @@ class AdminService(wire.AdminServiceServicer):
             node = app.store.get_node(request.node)
             if node is None:
                 raise NotFound(f"node {request.node!r} not found")
-            plan = app.planner.plan(node.environment, node.role, facts_from_dict(node.facts))
+            plan = app.planner.plan(
+                node.environment, node.role, facts_from_dict(node.facts), app.cluster.peek(node)
+            )
         else:
             env = app.store.get_environment(request.environment)
             if env is None:
@@ -348,13 +350,32 @@ class AdminService(wire.AdminServiceServicer):
 
     # -- not yet available --------------------------------------------------------------------
 
-    async def GetClusterHealth(self, request: Any, context: Any) -> Any:
-        self._caller(context, write=False)
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "cluster health needs cluster orchestration")
+    # -- clusters -----------------------------------------------------------------------------
 
-    async def GetKubeconfig(self, request: Any, context: Any) -> Any:
+    def _cluster_env(self, name: str) -> str:
+        if self.app.store.get_environment(name) is None:
+            raise NotFound(f"environment {name!r} not found")
+        return name
+
+    @unary
+    async def GetClusterHealth(self, request: wire.admin.GetClusterHealthRequest, context: Any) -> Any:
         self._caller(context, write=False)
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "kubeconfig export needs cluster orchestration")
+        report = self.app.cluster.health(self._cluster_env(request.environment))
+        return wire.cluster_health_to_pb(report)
+
+    @unary
+    async def GetKubeconfig(self, request: wire.admin.GetKubeconfigRequest, context: Any) -> Any:
+        who = self._caller(context, write=True)  # it grants cluster-admin: admins only
+        text = self.app.cluster.kubeconfig(self._cluster_env(request.environment), request.server)
+        log.info("kubeconfig exported", environment=request.environment, by=who)
+        return wire.admin.GetKubeconfigResponse(kubeconfig=text)
+
+    @unary
+    async def ExpireJoinMaterial(self, request: wire.admin.ExpireJoinMaterialRequest, context: Any) -> Any:
+        who = self._caller(context, write=True)
+        await self.app.cluster.forget_material(self._cluster_env(request.environment))
+        log.info("join material expired by an operator", environment=request.environment, by=who)
+        return wire.admin.ExpireJoinMaterialResponse()
 
     async def Bootstrap(self, request: Any, context: Any) -> AsyncIterator[Any]:
         self._caller(context, write=True)

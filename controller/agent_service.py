@@ -220,6 +220,7 @@ class AgentService(wire.AgentServiceServicer):
         await self.deliver_plan(
             node, facts, agent_digest=hello.plan_digest, agent_generation=hello.plan_generation
         )
+        await app.cluster.on_connect(node)
         reader = asyncio.create_task(self._read(node, session, it))
         closed = asyncio.create_task(session.closed.wait())
         try:
@@ -243,7 +244,8 @@ class AgentService(wire.AgentServiceServicer):
     ) -> None:
         """Render the node's plan; record it and send it when the agent does not have it."""
         app = self.app
-        plan = app.planner.plan(node.environment, node.role, facts)
+        cluster = await app.cluster.context(node)
+        plan = app.planner.plan(node.environment, node.role, facts, cluster)
         current = app.store.get_node(node.name) or node
         if plan.digest != current.plan_digest or plan.generation != current.plan_generation:
             await app.store.set_node_plan(node.name, plan)
@@ -262,7 +264,7 @@ class AgentService(wire.AgentServiceServicer):
             elif kind == "health":
                 await self._health(node, session, wire.health_from_pb(msg.health))
             elif kind == "gate":
-                await app.gates.gate_requested(node, msg.gate.step, msg.gate.digest)
+                await app.gates.gate_requested(node, msg.gate.step, msg.gate.digest, msg.gate.attempt or 1)
             elif kind == "secrets":
                 s = msg.secrets
                 app.redactor.add(*s.values.values())
@@ -296,6 +298,7 @@ class AgentService(wire.AgentServiceServicer):
         stored = await app.store.append_events(node.name, events)
         session.send(wire.agent.ControllerMessage(ack=wire.agent.Ack(seq=stored)))
         app.hub.publish(node.name, node.environment, [replace(e, node=node.name) for e in events])
+        await app.cluster.on_events(node, events)
 
     async def _health(self, node: NodeRecord, session: Session, health: Health) -> None:
         first = session.health is None

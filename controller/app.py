@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from controller.auth import Authenticator
 from controller.ca import CertificateAuthority
+from controller.cluster.orchestrator import Orchestrator
 from controller.config import ControllerConfig
 from controller.gates import GateKeeper, NoGates
 from controller.hub import Hub
@@ -23,5 +24,6 @@ class App:
     hub: Hub
     planner: Planner
     advertise: str
+    cluster: Orchestrator
     gates: GateKeeper = field(default_factory=NoGates)
     redactor: Redactor = field(default_factory=lambda: PROCESS_REDACTOR)

@@ -18,7 +18,7 @@ log = logs.get_logger("tether.controller.gates")
 
 
 class GateKeeper(Protocol):
-    async def gate_requested(self, node: NodeRecord, step: str, digest: str) -> None: ...
+    async def gate_requested(self, node: NodeRecord, step: str, digest: str, attempt: int = 1) -> None: ...
 
     async def secrets_received(
         self, node: NodeRecord, step: str, values: Mapping[str, str], command_id: str
@@ -26,7 +26,7 @@ class GateKeeper(Protocol):
 
 
 class NoGates:
-    async def gate_requested(self, node: NodeRecord, step: str, digest: str) -> None:
+    async def gate_requested(self, node: NodeRecord, step: str, digest: str, attempt: int = 1) -> None:
         log.warning(
             "gate requested but no gate keeper knows it; the step keeps waiting", node=node.name, step=step
         )

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import replace
 
+from controller.cluster.context import ClusterContext
 from controller.render import NodeContext, render
 from controller.spec import LoadedSpec, load_document
 from controller.store import EnvironmentRecord, Store
@@ -38,11 +39,13 @@ class Planner:
             self._specs[key] = loaded
         return loaded
 
-    def plan(self, environment: str, role: str, facts: HostFacts) -> Plan:
+    def plan(
+        self, environment: str, role: str, facts: HostFacts, cluster: ClusterContext | None = None
+    ) -> Plan:
         env = self._store.get_environment(environment)
         if env is None:
             return Plan.build([], environment=environment, role=role)
-        ctx = NodeContext(role=role, facts=stable_facts(facts))
+        ctx = NodeContext(role=role, facts=stable_facts(facts), cluster=cluster)
         key = (env.name, env.generation, ctx)
         plan = self._plans.get(key)
         if plan is None:

@@ -19,13 +19,16 @@ from controller.agent_service import AgentService
 from controller.app import App
 from controller.auth import Authenticator
 from controller.ca import CertificateAuthority
+from controller.cluster.orchestrator import Orchestrator
 from controller.config import ControllerConfig
 from controller.hub import Hub
 from controller.planner import Planner
+from controller.secretbox import SecretBox
 from controller.store import SqliteStore
 from nodeagent import anonymous, logs
 from nodeagent.facts import local_addresses
 from nodeagent.identity import split_address
+from nodeagent.secrets import PROCESS_REDACTOR
 
 log = logs.get_logger("tether.controller")
 
@@ -83,14 +86,19 @@ class Controller:
             raise OSError(f"cannot listen on {config.listen}")
         self.address = _join_host(host, bound)
         advertise = config.advertise or _join_host(advertise_host, bound)
+        hub = Hub()
+        box = SecretBox.load_or_create(config.data_dir / "pki" / "secrets.key")
+        cluster = Orchestrator(store, hub, box, PROCESS_REDACTOR)
         app = App(
             config=config,
             ca=ca,
             store=store,
             auth=Authenticator(ca),
-            hub=Hub(),
+            hub=hub,
             planner=Planner(store),
             advertise=advertise,
+            cluster=cluster,
+            gates=cluster,
         )
         agents = AgentService(app)
         wire.add_agent(agents, server)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from controller.cluster.health import Report
 from controller.store.records import EnvironmentRecord, NodeRecord, StepRecord
 from controller.tokens import TokenRecord
 from nodeagent.model import Health, HostFacts
@@ -127,3 +128,33 @@ def node_to_pb(
     if health is not None:
         msg.health.CopyFrom(health_to_pb(health))
     return msg
+
+
+def cluster_health_to_pb(report: Report) -> admin_pb2.ClusterHealth:
+    return admin_pb2.ClusterHealth(
+        environment=report.environment,
+        available=report.available,
+        api_server=report.api_server,
+        endpoint=report.endpoint,
+        init_node=report.init_node,
+        desired_control_planes=report.desired_control_planes,
+        desired_workers=report.desired_workers,
+        conditions=[
+            admin_pb2.Condition(type=c.type, status=c.status, reason=c.reason, message=c.message)
+            for c in report.conditions
+        ],
+        nodes=[
+            admin_pb2.ClusterNodeHealth(
+                name=n.name,
+                role=n.role,
+                ready=n.ready,
+                version=n.version,
+                internal_ip=n.internal_ip,
+                agent_state=n.agent_state,
+                kubelet=n.kubelet,
+                runtime=n.runtime,
+                joined=n.joined,
+            )
+            for n in report.nodes
+        ],
+    )

@@ -22,17 +22,19 @@ from dataclasses import dataclass, field
 import yaml
 
 from controller import wire
+from controller.cluster import health
 from controller.cluster.context import API_PORT, INIT_STEP, JOIN_GATE, JOIN_STEP, ClusterContext, Position
 from controller.cluster.material import KUBECONFIG, JoinMaterial
 from controller.cluster.scripts import label_task, refresh_task
 from controller.errors import FailedPrecondition, NotFound
 from controller.hub import Hub
+from controller.nodestate import node_state
 from controller.secretbox import SecretBox
 from controller.spec import load_document
 from controller.spec.model import ClusterSpec
 from controller.store import NodeRecord, Store
 from nodeagent import logs
-from nodeagent.model import Event, EventKind, Role, now_ms
+from nodeagent.model import ClusterView, Event, EventKind, Role, health_from_dict, now_ms
 from nodeagent.secrets import Redactor
 
 log = logs.get_logger("tether.controller.cluster")
@@ -92,28 +94,38 @@ class Orchestrator:
         raw = self._store.kv_get(_key(environment, "init-node"))
         return raw.decode() if raw else ""
 
+    def peek(self, node: NodeRecord) -> ClusterContext | None:
+        """The node's cluster position without choosing an init node (previews, describe):
+        while none is chosen, a control plane is shown as the one that would initialise."""
+        return self._position(node, self.init_node(node.environment) or node.name)
+
     async def context(self, node: NodeRecord) -> ClusterContext | None:
         """The node's cluster position; the first control plane to ask becomes the init node."""
-        spec = self.cluster_spec(node.environment)
-        if spec is None:
-            return None
-        ha = spec.high_availability
-        common = {
-            "upload_certs": spec.control_plane.count > 1 or ha.enabled,
-            "ha_endpoint": _with_port(ha.endpoint) if ha.enabled else "",
-            "dedicated_control_plane": spec.control_plane.dedicated,
-        }
-        if node.role != Role.CONTROL_PLANE.value:
-            return ClusterContext(Position.WORKER, **common)  # type: ignore[arg-type]
-        chosen = (
-            await self._store.kv_put_if_absent(_key(node.environment, "init-node"), node.name.encode())
-        ).decode()
+        if self.cluster_spec(node.environment) is None or node.role != Role.CONTROL_PLANE.value:
+            return self._position(node, "")
+        key = _key(node.environment, "init-node")
+        chosen = (await self._store.kv_put_if_absent(key, node.name.encode())).decode()
         if chosen == node.name:
             log.info(
                 "control plane chosen to initialise the cluster", environment=node.environment, node=node.name
             )
-        position = Position.INIT if chosen == node.name else Position.CONTROL_PLANE
-        return ClusterContext(position, **common)  # type: ignore[arg-type]
+        return self._position(node, chosen)
+
+    def _position(self, node: NodeRecord, init_node: str) -> ClusterContext | None:
+        spec = self.cluster_spec(node.environment)
+        if spec is None:
+            return None
+        ha = spec.high_availability
+        if node.role != Role.CONTROL_PLANE.value:
+            position = Position.WORKER
+        else:
+            position = Position.INIT if init_node == node.name else Position.CONTROL_PLANE
+        return ClusterContext(
+            position,
+            upload_certs=spec.control_plane.count > 1 or ha.enabled,
+            ha_endpoint=_with_port(ha.endpoint) if ha.enabled else "",
+            dedicated_control_plane=spec.control_plane.dedicated,
+        )
 
     # -- material -----------------------------------------------------------------------------
 
@@ -347,6 +359,52 @@ class Orchestrator:
             )
 
     # -- health and kubeconfig ----------------------------------------------------------------
+
+    def health(self, environment: str) -> health.Report:
+        spec = self.cluster_spec(environment)
+        if spec is None:
+            raise FailedPrecondition(f"environment {environment!r} has no kubeadm cluster (spec.cluster)")
+        members: list[health.Member] = []
+        views: list[ClusterView] = []
+        for n in self._store.list_nodes(environment):
+            if n.revoked:
+                continue
+            steps = self._store.node_steps(n.name)
+            session = self._hub.session(n.name)
+            reported = (
+                session.health
+                if session and session.health
+                else (health_from_dict(n.health) if n.health else None)
+            )
+            services = dict(reported.services) if reported else {}
+            if reported is not None and reported.cluster is not None and n.role == Role.CONTROL_PLANE.value:
+                views.append(reported.cluster)
+            failed = next((s for s in steps if s.state == "failed" and not s.continue_on_error), None)
+            members.append(
+                health.Member(
+                    name=n.name,
+                    role=n.role,
+                    agent_state=node_state(n, steps, session is not None).value,
+                    joined=self._joined(n.name),
+                    kubelet=services.get("kubelet", ""),
+                    runtime=next(
+                        (services[r] for r in ("containerd", "crio", "docker") if r in services), ""
+                    ),
+                    failure=f"{failed.name}: {failed.message or 'exit ' + str(failed.exit_code)}"
+                    if failed
+                    else "",
+                )
+            )
+        view = max(views, key=lambda v: v.time_ms) if views else None
+        return health.assess(
+            environment,
+            members,
+            view,
+            desired_control_planes=spec.control_plane.count,
+            desired_workers=spec.workers.count,
+            endpoint=self._endpoint(environment),
+            init_node=self.init_node(environment),
+        )
 
     def kubeconfig(self, environment: str, server: str = "") -> str:
         key = _key(environment, "kubeconfig")

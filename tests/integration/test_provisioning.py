@@ -53,7 +53,7 @@ def test_three_agents_enroll_and_provision(
         assert listed[name]["environment"] == "demo" and listed[name]["role"] == "worker"
         evs = events(controller, name)
         assert_contiguous(evs)
-        kinds = [(e["step"], e["kind"]) for e in evs if e["step"]]
+        kinds = [(e["step"], e["kind"]) for e in evs if str(e["step"]).startswith("custom-")]
         assert kinds == [
             ("custom-hello", "started"),
             ("custom-hello", "output"),
@@ -62,7 +62,7 @@ def test_three_agents_enroll_and_provision(
             ("custom-configure", "output"),
             ("custom-configure", "succeeded"),
         ]
-        lines = [line for e in evs for line in e["lines"]]  # type: ignore[attr-defined]
+        lines = [line for e in evs if str(e["step"]).startswith("custom-") for line in e["lines"]]  # type: ignore[attr-defined]
         assert lines == [f"hello from {name}", "line 1", "line 2", "line 3", "bonjour from worker"]
 
 
@@ -92,7 +92,7 @@ def test_failed_step_marks_the_node_failed_and_continue_on_error_does_not(
     assert failed == [("custom-tolerated", 4), ("custom-broken", 7)]
     assert not any(e["step"] == "custom-never" for e in evs)
     describe = json.loads(controller.ctl("node", "describe", "n1", "-o", "json").stdout)
-    states = {s["name"]: s["state"] for s in describe["steps"]}
+    states = {s["name"]: s["state"] for s in describe["steps"] if s["name"].startswith("custom-")}
     assert states == {"custom-tolerated": "failed", "custom-broken": "failed", "custom-never": "pending"}
 
 
@@ -205,7 +205,7 @@ def test_reapplying_a_changed_spec_reruns_only_changed_steps(
     wait_state(controller, ["n1"], "provisioned")
     assert (runs / "stable").read_text() == "x\n"
     skipped = [e for e in events(controller, "n1") if e["kind"] == "skipped"]
-    assert [e["step"] for e in skipped] == ["custom-stable"]
+    assert [e["step"] for e in skipped] == ["preflight", "custom-stable"]
 
 
 def test_events_follow_streams_live(
@@ -225,7 +225,10 @@ def test_events_follow_streams_live(
 """.replace("/nonexistent", str(tmp_path / "release")),
     )
     agents("n1").start(token(controller, "live"), ca_hash(controller))
-    wait_for(lambda: any(e["kind"] == "started" for e in events(controller, "n1")), what="the step to start")
+    wait_for(
+        lambda: any(e["step"] == "custom-gate" and e["kind"] == "started" for e in events(controller, "n1")),
+        what="the step to start",
+    )
     env = {**os.environ, "TETHER_CONFIG": str(controller.config)}
     follower = subprocess.Popen(
         [str(BIN / "tetherctl"), "events", "--node", "n1", "--follow", "-o", "json"],
@@ -235,12 +238,13 @@ def test_events_follow_streams_live(
     )
     try:
         assert follower.stdout is not None
-        seen = [json.loads(follower.stdout.readline()) for _ in range(2)]  # history first
-        assert [e["kind"] for e in seen] == ["info", "started"]
+        seen = []
+        while not (seen and seen[-1]["step"] == "custom-gate" and seen[-1]["kind"] == "started"):
+            seen.append(json.loads(follower.stdout.readline()))  # the history first
         (tmp_path / "release").touch()
         live = [json.loads(follower.stdout.readline()) for _ in range(2)]
         assert [(e["kind"], e["lines"]) for e in live] == [("output", ["released"]), ("succeeded", [])]
-        assert [e["seq"] for e in seen + live] == [1, 2, 3, 4]
+        assert [e["seq"] for e in seen + live] == list(range(1, len(seen) + 3))
     finally:
         follower.kill()
         follower.wait()
