@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import grpc
 
-from controller.cli import commands
+from controller.cli import cluster_cmd, commands
 from controller.cli.client import CliError, explain
 
 
@@ -121,6 +121,8 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument("--follow", "-f", action="store_true", help="keep streaming new events")
     out_flag(ev, ("text", "json"))
     ev.set_defaults(func=commands.events)
+
+    cluster_cmd.add_parser(sub)
 
     pl = sub.add_parser("plan", help="the plan the controller renders for a node")
     pl.add_argument("--node", default="")
