@@ -978,6 +978,10 @@ Global___ExpireJoinMaterialResponse: _TypeAlias = ExpireJoinMaterialResponse  # 
 
 @_typing.final
 class SshTarget(_message.Message):
+    """Bootstrap: the credentials below are used for the one call that carries them and are never
+    stored or logged by the controller; events never contain them or the join token.
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
     HOST_FIELD_NUMBER: _builtins.int
@@ -992,17 +996,22 @@ class SshTarget(_message.Message):
     JUMP_HOST_FIELD_NUMBER: _builtins.int
     host: _builtins.str
     port: _builtins.int
+    """0: 22"""
     user: _builtins.str
+    """empty: root; another user needs passwordless sudo"""
     private_key: _builtins.bytes
+    """OpenSSH or PEM private key"""
     passphrase: _builtins.str
+    """for an encrypted private_key"""
     password: _builtins.str
     known_hosts: _builtins.str
-    """known_hosts file content"""
+    """known_hosts file content (else the controller's own known_hosts)"""
     host_key: _builtins.str
-    """one pinned public key line"""
+    """one pinned public key line: "ssh-ed25519 AAAA..." """
     accept_new_host_key: _builtins.bool
+    """trust on first use; the learned key is kept by the controller"""
     jump_host: _builtins.str
-    """user@host:port, same credentials"""
+    """user@host:port, same credentials, verified like the target"""
     def __init__(
         self,
         *,
@@ -1032,9 +1041,18 @@ class SsmTarget(_message.Message):
     INSTANCE_ID_FIELD_NUMBER: _builtins.int
     REGION_FIELD_NUMBER: _builtins.int
     ENDPOINT_URL_FIELD_NUMBER: _builtins.int
+    BUNDLE_S3_URI_FIELD_NUMBER: _builtins.int
+    S3_ENDPOINT_URL_FIELD_NUMBER: _builtins.int
     instance_id: _builtins.str
     region: _builtins.str
     endpoint_url: _builtins.str
+    """tests and VPC endpoints"""
+    bundle_s3_uri: _builtins.str
+    """The node downloads the agent bundle: from this S3 location through a presigned URL, or,
+    when empty, from a bundle server the controller runs for the call (see bootstrap.delivery).
+    s3://BUCKET/PREFIX
+    """
+    s3_endpoint_url: _builtins.str
     """tests and VPC endpoints"""
     def __init__(
         self,
@@ -1042,10 +1060,12 @@ class SsmTarget(_message.Message):
         instance_id: _builtins.str = ...,
         region: _builtins.str = ...,
         endpoint_url: _builtins.str = ...,
+        bundle_s3_uri: _builtins.str = ...,
+        s3_endpoint_url: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["endpoint_url", b"endpoint_url", "instance_id", b"instance_id", "region", b"region"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bundle_s3_uri", b"bundle_s3_uri", "endpoint_url", b"endpoint_url", "instance_id", b"instance_id", "region", b"region", "s3_endpoint_url", b"s3_endpoint_url"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1062,12 +1082,17 @@ class BootstrapRequest(_message.Message):
     NODE_NAME_FIELD_NUMBER: _builtins.int
     FORCE_FIELD_NUMBER: _builtins.int
     CONTROLLER_FIELD_NUMBER: _builtins.int
+    VERIFY_TIMEOUT_SECONDS_FIELD_NUMBER: _builtins.int
     environment: _builtins.str
     role: _builtins.str
     node_name: _builtins.str
+    """empty: the machine's hostname"""
     force: _builtins.bool
+    """reinstall bundle, unit and config; the node's identity is kept"""
     controller: _builtins.str
-    """address the node should use to reach the controller"""
+    """address the node should use to reach the controller (default: advertised)"""
+    verify_timeout_seconds: _builtins.int
+    """0: 180"""
     @_builtins.property
     def ssh(self) -> Global___SshTarget: ...
     @_builtins.property
@@ -1082,10 +1107,11 @@ class BootstrapRequest(_message.Message):
         node_name: _builtins.str = ...,
         force: _builtins.bool = ...,
         controller: _builtins.str = ...,
+        verify_timeout_seconds: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["ssh", b"ssh", "ssm", b"ssm", "target", b"target"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["controller", b"controller", "environment", b"environment", "force", b"force", "node_name", b"node_name", "role", b"role", "ssh", b"ssh", "ssm", b"ssm", "target", b"target"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["controller", b"controller", "environment", b"environment", "force", b"force", "node_name", b"node_name", "role", b"role", "ssh", b"ssh", "ssm", b"ssm", "target", b"target", "verify_timeout_seconds", b"verify_timeout_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_target: _TypeAlias = _typing.Literal["ssh", "ssm"]  # noqa: Y015
     _WhichOneofArgType_target: _TypeAlias = _typing.Literal["target", b"target"]  # noqa: Y015
@@ -1103,15 +1129,27 @@ class BootstrapEvent(_message.Message):
     DETECTED_FIELD_NUMBER: _builtins.int
     TIME_MS_FIELD_NUMBER: _builtins.int
     NODE_FIELD_NUMBER: _builtins.int
+    TARGET_FIELD_NUMBER: _builtins.int
+    OUTCOME_FIELD_NUMBER: _builtins.int
+    RETRYABLE_FIELD_NUMBER: _builtins.int
     step: _builtins.str
     """connect | detect | prereqs | agent | verify | done"""
     kind: _builtins.str
-    """started | output | succeeded | failed | skipped"""
+    """started | output | info | succeeded | failed | skipped"""
     message: _builtins.str
     time_ms: _builtins.int
     node: _builtins.str
+    """the node name once known, else the target"""
+    target: _builtins.str
+    """how the machine is reached: user@host:port or ssm:INSTANCE"""
+    outcome: _builtins.str
+    """on done: installed | already-installed | reinstalled | refused | failed"""
+    retryable: _builtins.bool
+    """on failed: trying again may help"""
     @_builtins.property
-    def detected(self) -> _common_pb2.HostFacts: ...
+    def detected(self) -> _common_pb2.HostFacts:
+        """on detect: what the machine is, before anything changes"""
+
     def __init__(
         self,
         *,
@@ -1121,10 +1159,13 @@ class BootstrapEvent(_message.Message):
         detected: _common_pb2.HostFacts | None = ...,
         time_ms: _builtins.int = ...,
         node: _builtins.str = ...,
+        target: _builtins.str = ...,
+        outcome: _builtins.str = ...,
+        retryable: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["detected", b"detected"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["detected", b"detected", "kind", b"kind", "message", b"message", "node", b"node", "step", b"step", "time_ms", b"time_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["detected", b"detected", "kind", b"kind", "message", b"message", "node", b"node", "outcome", b"outcome", "retryable", b"retryable", "step", b"step", "target", b"target", "time_ms", b"time_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
