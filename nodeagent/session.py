@@ -108,11 +108,14 @@ class Agent:
         try:
             self.identity = await self._ensure_enrolled()
             logs.bind(node=self.identity.node_name)
+            addresses = await asyncio.to_thread(facts.local_addresses, self.config.controller)
             self.executor.set_env(
                 {
                     "TETHER_NODE": self.identity.node_name,
                     "TETHER_ENVIRONMENT": self.identity.environment,
                     "TETHER_ROLE": self.identity.role,
+                    # The address this node uses to reach the controller: kubeadm advertises it.
+                    "TETHER_NODE_IP": addresses[0] if addresses else "",
                 }
             )
             tasks.append(asyncio.create_task(self.executor.run_forever(), name="executor"))

@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from controller.render.components import (
+    cluster,
     containerd,
     crio,
     custom,
@@ -58,7 +59,7 @@ def _kubernetes(inp: RenderInput) -> list[Step]:
     if not inp.spec.kubernetes.install:
         return []
     installers: dict[str, Section] = {
-        "kubeadm": kubeadm.steps,
+        "kubeadm": lambda i: kubeadm.steps(i) + cluster.steps(i),
         "kind": kind.steps,
         "microk8s": microk8s.steps,
     }
