@@ -63,7 +63,7 @@ def init_step(inp: RenderInput) -> Step:
             "role": "first control plane",
             "endpoint": cluster.ha_endpoint or "this node",
         },
-        description="kubeadm init on the control plane the controller chose; hands join material to the agent",
+        description="kubeadm init on the control plane the controller chose; join material to the agent",
         env={"TETHER_KUBEADM_CONFIG": init_config(inp), "HA_ENDPOINT": cluster.ha_endpoint},
         context={
             "upload_certs": cluster.upload_certs,
