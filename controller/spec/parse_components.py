@@ -133,7 +133,8 @@ def runtime(spec: Section) -> RuntimeSpec:
     version = legacy(sec, "version", version, f"{sec.path_of('package')}.version", version_check)
     version = _runtime_version(name, version)
     if source == "package" and not version:
-        version = {"containerd": defaults.CONTAINERD_VERSION, "crio": defaults.CRIO_VERSION}.get(name, "")
+        # containerd's default pin (Docker's repository only) is applied at render time.
+        version = defaults.CRIO_VERSION if name == "crio" else ""
     git = git_source(sec, source, defaults.GIT_REPOS[name], defaults.LATEST_TRACK)
     sec.finish()
     return RuntimeSpec(
