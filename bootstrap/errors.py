@@ -11,6 +11,7 @@ Hierarchy::
     ├── InstallConflict         the machine or its name is already someone else's (never overridden)
     ├── BundleError             the agent bundle could not be built, delivered or verified
     ├── ControllerError         the controller's admin API refused or failed a call
+    ├── InventoryError          the inventory file is invalid; ``problems`` lists every one
     └── VerifyError             installed, but the unit is not active or the node never enrolled
 
 Every message is safe to show and to log: no error ever carries a credential or a join token
@@ -90,3 +91,11 @@ class VerifyError(BootstrapError):
     """The agent was installed but did not come up (unit not active, or no enrollment)."""
 
     retryable = True
+
+
+class InventoryError(BootstrapError):
+    """The inventory cannot be used; every problem is listed."""
+
+    def __init__(self, problems: Sequence[str], **kw: str) -> None:
+        super().__init__("invalid inventory:\n  " + "\n  ".join(problems), **kw)
+        self.problems = list(problems)

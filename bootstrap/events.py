@@ -47,7 +47,8 @@ class Outcome(str, enum.Enum):
 
 @dataclass(frozen=True)
 class BootstrapEvent:
-    node: str  # the node name once known, else the target (user@host, instance id)
+    target: str  # how the machine was reached (user@host:port, ssm:i-...): stable for a run
+    node: str  # the node name once known, else the target
     step: Step
     kind: EventKind
     message: str
@@ -78,8 +79,9 @@ class StepHandle:
 class Reporter:
     """Emits the events of one machine to a sink, redacted."""
 
-    def __init__(self, node: str, sink: EventSink, redactor: Redactor) -> None:
-        self.node = node
+    def __init__(self, target: str, sink: EventSink, redactor: Redactor) -> None:
+        self.target = target
+        self.node = target
         self._sink = sink
         self._redactor = redactor
 
@@ -95,6 +97,7 @@ class Reporter:
     ) -> None:
         self._sink(
             BootstrapEvent(
+                target=self.target,
                 node=self.node,
                 step=step,
                 kind=kind,

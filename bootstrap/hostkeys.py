@@ -35,6 +35,7 @@ class HostKeyPolicy:
     pinned: str = ""  # "ssh-ed25519 AAAA..." (a comment after the key is ignored)
     accept_new: bool = False
     record_to: Path | None = None  # where accepted new keys go (default: tether's file)
+    inline: str = ""  # known_hosts content given directly (AdminService.Bootstrap), read with the files
 
     def files(self) -> tuple[Path, ...]:
         chosen = self.known_hosts or (USER_KNOWN_HOSTS, TETHER_KNOWN_HOSTS)
@@ -47,7 +48,7 @@ class HostKeyPolicy:
 
     def without_pin(self) -> HostKeyPolicy:
         """The policy for a jump host: the same files and TOFU setting, never the target's pin."""
-        return HostKeyPolicy(self.known_hosts, "", self.accept_new, self.record_to)
+        return HostKeyPolicy(self.known_hosts, "", self.accept_new, self.record_to, self.inline)
 
 
 def parse_pinned(line: str) -> asyncssh.SSHKey:
@@ -86,7 +87,7 @@ class HostKeyVerifier:
             pin = self._pinned.export_public_key("openssh").decode().split()
             self._known = asyncssh.import_known_hosts(f"* {pin[0]} {pin[1]}\n")
             return
-        texts = []
+        texts = [self.policy.inline]
         for path in self.policy.files():
             try:
                 texts.append(path.read_text())

@@ -72,6 +72,15 @@ def make_client(target: SsmTarget) -> Any:
     )
 
 
+async def connect(target: SsmTarget, client: Any = None, *, poll: PollPolicy | None = None) -> SsmTransport:
+    """A transport to the instance, after one round trip that proves commands run there as root."""
+    transport = SsmTransport(target, client if client is not None else make_client(target), poll=poll)
+    result = await transport.run("id -u", timeout=60)
+    if not result.ok or result.stdout.strip() != "0":
+        raise ConnectError(f"commands on {target} do not run as root (id -u: {result.stdout.strip()!r})")
+    return transport
+
+
 def _error_code(exc: Exception) -> str:
     response = getattr(exc, "response", None)
     if isinstance(response, dict):

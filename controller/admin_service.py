@@ -6,8 +6,6 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
-import grpc
-
 from controller import tokens, wire
 from controller.agent_service import AgentService
 from controller.app import App
@@ -377,12 +375,14 @@ class AdminService(wire.AdminServiceServicer):
         log.info("join material expired by an operator", environment=request.environment, by=who)
         return wire.admin.ExpireJoinMaterialResponse()
 
-    async def Bootstrap(self, request: Any, context: Any) -> AsyncIterator[Any]:
-        self._caller(context, write=True)
-        await context.abort(
-            grpc.StatusCode.UNIMPLEMENTED, "bootstrap through the controller is not available yet"
-        )
-        yield  # pragma: no cover
+    @stream
+    async def Bootstrap(self, request: wire.admin.BootstrapRequest, context: Any) -> AsyncIterator[Any]:
+        """Adopt a machine over SSH or SSM; the request's credentials live for this call only."""
+        who = self._caller(context, write=True)
+        from controller import bootstrap_service  # the bootstrap pulls asyncssh/boto3: only when used
+
+        async for event in bootstrap_service.run(self.app, request, who):
+            yield event
 
 
 def _named(e: Event, node: str) -> Event:

@@ -7,6 +7,7 @@
     tetherctl node list | describe NAME | revoke NAME | rerun NAME [--step S]
     tetherctl events --node NAME [--follow] [-o json]
     tetherctl plan --node NAME | --env NAME --role ROLE
+    tetherctl bootstrap --env NAME --role ROLE (--ssh USER@HOST[:PORT] | --ssm ID | --inventory FILE)
 
 The admin config comes from --config, else $TETHER_CONFIG, else ~/.config/tether/admin.conf.
 """
@@ -19,7 +20,7 @@ from collections.abc import Callable
 
 import grpc
 
-from controller.cli import cluster_cmd, commands
+from controller.cli import bootstrap_cmd, cluster_cmd, commands
 from controller.cli.client import CliError, explain
 
 
@@ -123,6 +124,7 @@ def _parser() -> argparse.ArgumentParser:
     ev.set_defaults(func=commands.events)
 
     cluster_cmd.add_parser(sub)
+    bootstrap_cmd.add_parser(sub)
 
     pl = sub.add_parser("plan", help="the plan the controller renders for a node")
     pl.add_argument("--node", default="")

@@ -1,0 +1,207 @@
+"""Inventories: which machines to adopt, from a tether inventory file or an Environment document.
+
+A tether inventory (every problem in it is reported at once)::
+
+    defaults:                       # optional; each node may override any of these
+      env: gpu-lab
+      role: worker
+      user: root
+      identity: ~/.ssh/id_ed25519
+      known_hosts: ./known_hosts
+    nodes:
+      - ssh: 10.0.0.5               # [USER@]HOST[:PORT]
+        name: gpu-1
+        host_key: ssh-ed25519 AAAA...
+      - ssh: ubuntu@10.0.0.6:2222
+        jump: ops@bastion.example.com
+      - ssm: i-0123456789abcdef0
+        region: us-east-1
+        role: control-plane
+
+An Environment document (``kind: Environment``, holodeck layout) contributes its node list:
+``status.cluster.nodes[]`` (name, role, publicIp/privateIp, sshUsername, or instanceId for SSM in
+``spec.cluster.region``), or the single ``spec.instance.hostUrl`` of ``provider: ssh``, with
+``spec.auth.username``/``privateKey`` and ``metadata.name`` as the environment.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from bootstrap.errors import InventoryError
+from bootstrap.ssh import SshEndpoint
+from nodeagent.model import Role
+
+ALIASES = {"environment": "env", "accept_new": "accept_new_host_key", "instance_id": "ssm"}
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One machine; empty fields are filled from the command line's flags (``with_defaults``)."""
+
+    ssh: str = ""  # [USER@]HOST[:PORT]
+    ssm: str = ""  # instance id
+    name: str = ""
+    env: str = ""
+    role: str = ""
+    user: str = ""
+    region: str = ""
+    identity: str = ""
+    known_hosts: str = ""
+    host_key: str = ""
+    accept_new_host_key: bool | None = None
+    jump: str = ""
+
+    @property
+    def target(self) -> str:
+        if self.ssm:
+            return f"ssm:{self.ssm}"
+        return str(SshEndpoint.parse(self.ssh, self.user or "root"))
+
+    def with_defaults(self, defaults: Entry) -> Entry:
+        values = {
+            f.name: getattr(defaults, f.name)
+            for f in fields(self)
+            if getattr(self, f.name) in ("", None) and f.name not in ("ssh", "ssm", "name")
+        }
+        return replace(self, **values)
+
+
+KEYS = {f.name for f in fields(Entry)}
+
+
+def _entry(raw: Any, where: str, problems: list[str]) -> Entry | None:
+    if not isinstance(raw, dict):
+        problems.append(f"{where}: expected a mapping")
+        return None
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        name = ALIASES.get(str(key), str(key))
+        if name not in KEYS:
+            problems.append(f"{where}.{key}: unknown setting")
+            continue
+        if name == "accept_new_host_key":
+            if not isinstance(value, bool):
+                problems.append(f"{where}.{key}: expected true or false")
+                continue
+            values[name] = value
+        elif value is None or isinstance(value, (str, int)):
+            values[name] = "" if value is None else str(value)
+        else:
+            problems.append(f"{where}.{key}: expected a string")
+    return Entry(**values)
+
+
+def _check(entry: Entry, where: str, problems: list[str]) -> None:
+    if bool(entry.ssh) == bool(entry.ssm):
+        problems.append(f"{where}: give exactly one of ssh or ssm")
+    if entry.ssh:
+        try:
+            SshEndpoint.parse(entry.ssh, entry.user or "root")
+        except ValueError as exc:
+            problems.append(f"{where}.ssh: {exc}")
+        if entry.jump:
+            try:
+                SshEndpoint.parse(entry.jump, entry.user or "root")
+            except ValueError as exc:
+                problems.append(f"{where}.jump: {exc}")
+    if entry.ssm and not entry.region:
+        problems.append(f"{where}: an ssm node needs a region (here, in defaults, or --region)")
+    if entry.role:
+        try:
+            Role.parse(entry.role)
+        except ValueError as exc:
+            problems.append(f"{where}.role: {exc}")
+    if entry.host_key and entry.accept_new_host_key:
+        problems.append(f"{where}: host_key and accept_new_host_key exclude each other")
+
+
+def load(path: Path, defaults: Entry | None = None) -> list[Entry]:
+    """The machines of ``path``, completed with ``defaults`` (the command line's flags)."""
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise InventoryError([f"{path}: {exc}"]) from None
+    return parse(doc, str(path), defaults or Entry())
+
+
+def parse(doc: Any, source: str, defaults: Entry) -> list[Entry]:
+    problems: list[str] = []
+    if not isinstance(doc, dict):
+        raise InventoryError([f"{source}: expected a mapping with 'nodes'"])
+    if doc.get("kind") == "Environment":
+        raw_nodes, file_defaults = _from_environment(doc, problems)
+    else:
+        unknown = sorted(set(doc) - {"apiVersion", "kind", "defaults", "nodes"})
+        problems += [f"{source}: unknown key {k!r}" for k in unknown]
+        file_defaults = _entry(doc.get("defaults") or {}, "defaults", problems) or Entry()
+        listed = doc.get("nodes")
+        raw_nodes = listed if isinstance(listed, list) else []
+        if not raw_nodes:
+            problems.append(f"{source}: 'nodes' must be a non-empty list")
+    merged_defaults = file_defaults.with_defaults(defaults)
+    entries: list[Entry] = []
+    for i, raw in enumerate(raw_nodes):
+        where = f"nodes[{i}]"
+        entry = _entry(raw, where, problems)
+        if entry is None:
+            continue
+        entry = entry.with_defaults(merged_defaults)
+        _check(entry, where, problems)
+        entries.append(entry)
+    seen_names: dict[str, int] = {}
+    seen_targets: dict[str, int] = {}
+    for i, e in enumerate(entries):
+        if e.name:
+            if e.name in seen_names:
+                problems.append(f"nodes[{i}]: node name {e.name!r} also used by nodes[{seen_names[e.name]}]")
+            seen_names.setdefault(e.name, i)
+        try:
+            target = e.target
+        except ValueError:
+            continue
+        if target in seen_targets:
+            problems.append(f"nodes[{i}]: {target} is also nodes[{seen_targets[target]}]")
+        seen_targets.setdefault(target, i)
+    if problems:
+        raise InventoryError(problems)
+    return entries
+
+
+def _mapping(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _from_environment(doc: dict[str, Any], problems: list[str]) -> tuple[list[Any], Entry]:
+    spec, status, meta = _mapping(doc.get("spec")), _mapping(doc.get("status")), _mapping(doc.get("metadata"))
+    auth, cluster_spec = _mapping(spec.get("auth")), _mapping(spec.get("cluster"))
+    defaults = Entry(
+        env=str(meta.get("name") or ""),
+        user=str(auth.get("username") or ""),
+        identity=str(auth.get("privateKey") or ""),
+        region=str(cluster_spec.get("region") or ""),
+    )
+    cluster_status = _mapping(status.get("cluster"))
+    nodes: list[Any] = []
+    for raw in cluster_status.get("nodes") or []:
+        if not isinstance(raw, dict):
+            continue
+        address = raw.get("publicIp") or raw.get("privateIp") or ""
+        node: dict[str, Any] = {"name": raw.get("name", ""), "role": raw.get("role", "")}
+        if address:
+            node["ssh"] = str(address)
+            if raw.get("sshUsername"):
+                node["user"] = raw["sshUsername"]
+        elif raw.get("instanceId"):
+            node["ssm"] = raw["instanceId"]
+        nodes.append(node)
+    instance = _mapping(spec.get("instance"))
+    if not nodes and spec.get("provider") == "ssh" and instance.get("hostUrl"):
+        nodes.append({"ssh": str(instance["hostUrl"])})
+    if not nodes:
+        problems.append("the Environment lists no nodes (status.cluster.nodes or spec.instance.hostUrl)")
+    return nodes, defaults

@@ -1,0 +1,355 @@
+"""The work behind ``tetherctl bootstrap`` (imported only when the command runs).
+
+Secrets never go on the command line: passwords and key passphrases come from environment
+variables named by ``--password-env``/``--passphrase-env``, or from a prompt on the terminal.
+Every credential and every join token is masked in all output (``PROCESS_REDACTOR``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import getpass
+import ipaddress
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import asyncssh
+
+from bootstrap import inventory, ssh, ssm
+from bootstrap.bundle import BundleBuilder, PipWheels
+from bootstrap.bundle_http import BundleServer
+from bootstrap.delivery import Delivery, Push, S3Presigned, Served
+from bootstrap.errors import BootstrapError
+from bootstrap.fleet import Machine, adopt_all
+from bootstrap.hostkeys import HostKeyPolicy
+from bootstrap.install import Request, Result
+from bootstrap.inventory import Entry
+from bootstrap.progress import Progress, summary
+from bootstrap.transport import Transport
+from controller import wire
+from controller.adminconf import AdminConfig
+from controller.cli.bootstrap_admin import AdminRegistry, aio_channel, remote_adopt
+from controller.cli.client import CliError, config_path
+from nodeagent import logs
+from nodeagent.identity import split_address
+from nodeagent.secrets import PROCESS_REDACTOR, Redactor, Secret
+
+
+def main(args: argparse.Namespace) -> int:
+    logs.configure("warning")  # library logs (asyncssh, botocore) through the redacting filter
+    return asyncio.run(_main(args))
+
+
+@dataclass
+class _Secrets:
+    """Credentials read once per run, keyed by where they came from; all Secret, all redacted."""
+
+    redactor: Redactor = field(default_factory=Redactor)
+    keys: dict[str, tuple[Secret, Secret]] = field(default_factory=dict)
+    password: Secret = field(default_factory=lambda: Secret(""))
+
+    def add(self, secret: Secret) -> Secret:
+        self.redactor.add(secret)
+        PROCESS_REDACTOR.add(secret)
+        return secret
+
+    def key(self, path: str, passphrase_env: str) -> tuple[Secret, Secret]:
+        if path not in self.keys:
+            try:
+                text = Path(path).expanduser().read_text()
+            except OSError as exc:
+                raise CliError(f"cannot read the key {path}: {exc.strerror}") from None
+            passphrase = Secret("")
+            if passphrase_env:
+                passphrase = Secret(_from_env(passphrase_env, "passphrase"))
+            elif _encrypted(text):
+                passphrase = Secret(_prompt(f"passphrase for {path}: ", f"the key {path} is encrypted"))
+            self.keys[path] = (self.add(Secret(text)), self.add(passphrase))
+        return self.keys[path]
+
+
+def _from_env(var: str, what: str) -> str:
+    value = os.environ.get(var, "")
+    if not value:
+        raise CliError(f"the {what} variable {var} is not set")
+    return value
+
+
+def _prompt(prompt: str, why: str) -> str:
+    if not sys.stdin.isatty():
+        raise CliError(f"{why}: no terminal to ask on (use --passphrase-env / --password-env)")
+    return getpass.getpass(prompt)
+
+
+def _encrypted(text: str) -> bool:
+    try:
+        asyncssh.import_private_key(text)
+    except (asyncssh.KeyImportError, asyncssh.KeyEncryptionError) as exc:
+        return "passphrase" in str(exc).lower() or "encrypt" in str(exc).lower()
+    return False
+
+
+def _is_loopback(address: str) -> bool:
+    host = split_address(address)[0]
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _entries(args: argparse.Namespace) -> list[Entry]:
+    defaults = Entry(
+        env=args.environment,
+        role=args.role,
+        region=args.region,
+        identity=args.identity,
+        known_hosts=args.known_hosts,
+        host_key=args.host_key,
+        accept_new_host_key=args.accept_new_host_key or None,
+        jump=args.jump,
+    )
+    try:
+        if args.inventory:
+            entries = inventory.load(Path(args.inventory), defaults)
+        else:
+            raw = _as_raw(Entry(ssh=args.ssh or "", ssm=args.ssm or "", name=args.node_name))
+            entries = inventory.parse({"nodes": [raw]}, "the command line", defaults)
+    except BootstrapError as exc:
+        raise CliError(str(exc)) from None
+    missing = [e.target for e in entries if not e.env]
+    if missing:
+        raise CliError("--env is required (or env: in the inventory)")
+    return entries
+
+
+def _host_port(value: str) -> tuple[str, int]:
+    """``HOST`` or ``HOST:PORT`` (port 0: any free one)."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or (host.count(":") and not host.startswith("[")):
+        return value.strip("[]"), 0
+    return host.strip("[]"), int(port)
+
+
+def _as_raw(entry: Entry) -> dict[str, Any]:
+    return {k: v for k, v in entry.__dict__.items() if v not in ("", None)}
+
+
+def _ssh_target(entry: Entry, args: argparse.Namespace, secrets: _Secrets) -> ssh.SshTarget:
+    endpoint = ssh.SshEndpoint.parse(entry.ssh, entry.user or "root")
+    key, passphrase = (Secret(""), Secret(""))
+    if entry.identity:
+        key, passphrase = secrets.key(entry.identity, args.passphrase_env)
+    agent = os.environ.get("SSH_AUTH_SOCK", "") if args.ssh_agent else ""
+    if not (key or secrets.password or agent):
+        agent = os.environ.get("SSH_AUTH_SOCK", "")
+        if not agent:
+            raise CliError(
+                f"{endpoint}: no way to log in: give --identity, --password-env/--ask-password or --ssh-agent"
+            )
+    policy = HostKeyPolicy(
+        known_hosts=(Path(entry.known_hosts),) if entry.known_hosts else (),
+        pinned=entry.host_key,
+        accept_new=bool(entry.accept_new_host_key),
+    )
+    jump = ssh.SshEndpoint.parse(entry.jump, entry.user or "root") if entry.jump else None
+    return ssh.SshTarget(endpoint, ssh.SshCredentials(key, passphrase, secrets.password, agent), policy, jump)
+
+
+def _machine(entry: Entry, args: argparse.Namespace, secrets: _Secrets, controller: str) -> Machine:
+    request = Request(
+        environment=entry.env,
+        role=entry.role or "worker",
+        controller=controller,
+        node_name=entry.name,
+        force=args.force,
+        verify_timeout=args.verify_timeout,
+    )
+    if entry.ssm:
+        target = ssm.SsmTarget(entry.ssm, entry.region, args.ssm_endpoint, args.aws_profile)
+
+        async def open_ssm() -> Transport:
+            return await ssm.connect(target)
+
+        return Machine(str(target), open_ssm, request)
+    ssh_target = _ssh_target(entry, args, secrets)
+
+    async def open_ssh() -> Transport:
+        return await ssh.connect(ssh_target)
+
+    return Machine(str(ssh_target), open_ssh, request)
+
+
+def _delivery(args: argparse.Namespace, entries: list[Entry]) -> Delivery:
+    if args.bundle_s3:
+        import boto3
+
+        region = next((e.region for e in entries if e.region), None)
+        client = boto3.client("s3", region_name=region, endpoint_url=args.s3_endpoint or None)
+        try:
+            return S3Presigned(args.bundle_s3, client)
+        except ValueError as exc:
+            raise CliError(str(exc)) from None
+    return Push()
+
+
+def _request_pb(entry: Entry, args: argparse.Namespace, secrets: _Secrets, controller: str) -> Any:
+    request = wire.admin.BootstrapRequest(
+        environment=entry.env,
+        role=entry.role or "worker",
+        node_name=entry.name,
+        force=args.force,
+        controller=controller,
+        verify_timeout_seconds=int(args.verify_timeout),
+    )
+    if entry.ssm:
+        request.ssm.CopyFrom(
+            wire.admin.SsmTarget(
+                instance_id=entry.ssm,
+                region=entry.region,
+                endpoint_url=args.ssm_endpoint,
+                bundle_s3_uri=args.bundle_s3,
+                s3_endpoint_url=args.s3_endpoint,
+            )
+        )
+        return request
+    t = _ssh_target(entry, args, secrets)
+    known = Path(entry.known_hosts).expanduser().read_text() if entry.known_hosts else ""
+    request.ssh.CopyFrom(
+        wire.admin.SshTarget(
+            host=t.endpoint.host,
+            port=t.endpoint.port,
+            user=t.endpoint.user,
+            private_key=t.credentials.private_key.reveal().encode(),
+            passphrase=t.credentials.passphrase.reveal(),
+            password=t.credentials.password.reveal(),
+            known_hosts=known,
+            host_key=entry.host_key,
+            accept_new_host_key=bool(entry.accept_new_host_key),
+            jump_host=str(t.jump) if t.jump else "",
+        )
+    )
+    return request
+
+
+async def _main(args: argparse.Namespace) -> int:
+    path = config_path(args.config)
+    try:
+        conf = AdminConfig.read(path)
+    except Exception as exc:
+        raise CliError(f"{exc} (use --config or TETHER_CONFIG)") from None
+    if args.host_key and (args.known_hosts or args.accept_new_host_key):
+        raise CliError(
+            "--host-key pins the one key to accept: it excludes --known-hosts and --accept-new-host-key"
+        )
+    entries = _entries(args)
+    secrets = _Secrets()
+    if args.password_env:
+        secrets.password = secrets.add(Secret(_from_env(args.password_env, "password")))
+    elif args.ask_password:
+        secrets.password = secrets.add(Secret(_prompt("SSH password: ", "--ask-password")))
+    controller = args.controller or ("" if args.via_controller else conf.controller)
+    try:
+        if controller:
+            split_address(controller)
+    except Exception as exc:
+        raise CliError(f"--controller: {exc}") from None
+    if controller and _is_loopback(controller):
+        print(
+            f"tetherctl: warning: nodes will dial the controller at {controller}, a loopback address; "
+            "pass --controller HOST:PORT that the machines can reach",
+            file=sys.stderr,
+        )
+    out = sys.stdout if args.output == "text" else sys.stderr
+    progress = Progress(out, [])
+    channel = aio_channel(conf)
+    try:
+        stub = wire.AdminServiceStub(channel)
+        if args.via_controller:
+            results = await _via_controller(stub, entries, args, secrets, controller, progress)
+        else:
+            results = await _here(stub, conf, entries, args, secrets, controller, progress)
+    finally:
+        progress.close()
+        await channel.close()
+    if args.output == "json":
+        json.dump([_result_json(r) for r in results], sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        out.write("\n")
+        summary(results, out)
+    return 0 if all(r.outcome.ok for r in results) else 1
+
+
+async def _here(
+    stub: Any,
+    conf: AdminConfig,
+    entries: list[Entry],
+    args: argparse.Namespace,
+    secrets: _Secrets,
+    controller: str,
+    progress: Progress,
+) -> list[Result]:
+    machines = [_machine(e, args, secrets, controller) for e in entries]
+    wheels = PipWheels(find_links=Path(args.wheel_dir)) if args.wheel_dir else None
+    bundles = BundleBuilder(Path(args.bundle_cache) if args.bundle_cache else None, wheels)
+    delivery = _delivery(args, entries)
+    server: BundleServer | None = None
+    if args.serve_bundle and not args.bundle_s3:
+        host, port = _host_port(args.serve_bundle)
+        server = await BundleServer(host, port).start()
+        delivery = Served(server, "downloaded from this machine")
+    try:
+        return await adopt_all(
+            machines,
+            registry=AdminRegistry(stub, conf.ca_hash),
+            bundles=bundles,
+            delivery=delivery,
+            sink=progress,
+            redactor=secrets.redactor,
+            concurrency=args.concurrency,
+        )
+    finally:
+        if server is not None:
+            await server.close()
+
+
+async def _via_controller(
+    stub: Any,
+    entries: list[Entry],
+    args: argparse.Namespace,
+    secrets: _Secrets,
+    controller: str,
+    progress: Progress,
+) -> list[Result]:
+    gate = asyncio.Semaphore(max(1, args.concurrency))
+    requests = [(_request_pb(e, args, secrets, controller), e.target) for e in entries]
+
+    async def one(request: Any, target: str) -> Result:
+        async with gate:
+            return await remote_adopt(stub, request, target, progress)
+
+    return list(await asyncio.gather(*(one(r, t) for r, t in requests)))
+
+
+def _result_json(r: Result) -> dict[str, Any]:
+    facts = r.detected.facts if r.detected else None
+    return {
+        "node": r.node,
+        "target": r.target,
+        "outcome": r.outcome.value,
+        "ok": r.outcome.ok,
+        "message": r.message,
+        "seconds": round(r.seconds, 2),
+        "retryable": bool(r.error and r.error.retryable),
+        "os": facts.os_pretty if facts else "",
+        "arch": facts.arch if facts else "",
+        "python": facts.python_version if facts else "",
+        "nvidia_gpu": facts.nvidia_gpu if facts else False,
+    }
