@@ -206,7 +206,7 @@ class Executor:
         if result is None:
             return "stop"  # woken at a gate for a new plan or a rerun
         if result.ok:
-            if step.reboot:
+            if step.reboot and result.reboot_needed:
                 await self._do_reboot()  # the journal already says REBOOTING
                 return "stop"
             return "next"
@@ -298,7 +298,8 @@ class Executor:
             else:
                 state = JournalState.FAILED if final else JournalState.RUNNING
             kind = EventKind.SUCCEEDED if result.ok else EventKind.FAILED
-            if result.ok and step.reboot:
+            reboot = result.ok and step.reboot and result.reboot_needed
+            if reboot:
                 kind = EventKind.INFO  # the SUCCEEDED event comes after the reboot
                 state = JournalState.REBOOTING
             message = result.error or ("" if result.ok else f"exit code {result.exit_code}")
@@ -324,7 +325,7 @@ class Executor:
                         observed=dict(result.observed),
                         duration_seconds=round(result.duration_seconds, 3),
                         plan_generation=plan.generation,
-                        message=message or ("rebooting to finish the step" if step.reboot else ""),
+                        message=message or ("rebooting to finish the step" if reboot else ""),
                     )
                 )
             log.info(

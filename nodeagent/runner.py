@@ -7,7 +7,9 @@ period). Steps talk back through two files named in their environment:
 
 - ``$TETHER_PROVENANCE``: ``key=value`` lines of what the step found installed;
 - ``$TETHER_SECRETS_OUT``: ``KEY=VALUE`` secret outputs (e.g. join material),
-  read once, deleted, never logged.
+  read once, deleted, never logged;
+- ``$TETHER_WORKDIR/no-reboot``: a step flagged ``reboot`` creates it when the reboot turned
+  out to be unnecessary (the pinned kernel is already running).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ class StepResult:
     observed: Mapping[str, str] = field(default_factory=dict)
     secrets: Mapping[str, str] = field(default_factory=dict)
     error: str = ""
+    reboot_needed: bool = True
 
     @property
     def ok(self) -> bool:
@@ -205,6 +208,7 @@ class Runner:
             self.current_pgid = 0
             observed = _read_kv(provenance)
             secrets = _read_kv(secrets_out)
+            reboot_needed = not (work / "no-reboot").exists()
             shutil.rmtree(work, ignore_errors=True)
         if secrets:
             self.redactor.add(*secrets.values())
@@ -218,6 +222,7 @@ class Runner:
             observed={k: redact_line(v, self.redactor) for k, v in observed.items()},
             secrets=secrets,
             error=error,
+            reboot_needed=reboot_needed,
         )
 
     def _cwd(self, fallback: Path) -> Path:
