@@ -193,7 +193,9 @@ async def test_each_attempt_of_a_gated_step_asks_for_a_fresh_release(tmp_path: P
 
 async def test_a_reboot_step_that_finds_nothing_to_do_does_not_reboot(tmp_path: Path) -> None:
     h = Harness(tmp_path)
-    kernel = Step(name="kernel", reboot=True, script='echo already running; : > "$TETHER_WORKDIR/no-reboot"\n')
+    kernel = Step(
+        name="kernel", reboot=True, script='echo already running; : > "$TETHER_WORKDIR/no-reboot"\n'
+    )
     await h.run(plan(kernel, counter(tmp_path, "after")))
     assert h.reboots == 0 and count(tmp_path, "after") == 1
     assert ("kernel", "succeeded") in h.events()
