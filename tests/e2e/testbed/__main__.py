@@ -1,4 +1,4 @@
-"""CLI: ``python -m tests.e2e.testbed up --nodes N --state DIR`` / ``down --state DIR`` / ``show --state DIR``.
+"""CLI: ``python -m tests.e2e.testbed up --nodes N --state DIR``, ``down --state DIR``, ``show --state DIR``.
 
 ``up`` prints one JSON object on stdout (progress goes to stderr) and exits, leaving the testbed running.
 """

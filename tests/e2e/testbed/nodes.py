@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.e2e.testbed import cgroups, network
-from tests.e2e.testbed.procs import Proc, spawn_daemon
+from tests.e2e.testbed.procs import Proc, matching, spawn_daemon
 
 NSPAWN_PROPAGATE = Path("/run/systemd/nspawn/propagate")
 NODE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -198,6 +198,9 @@ def stop(node: Node, timeout: float = 20.0) -> None:
             proc.wait(5)
     if keeper is not None:
         keeper.stop(5)
+    # a keeper killed mid-start may leave its child (not yet in the node's cgroups) behind
+    for straggler in matching(f"{node.dir}/"):
+        straggler.stop(5)
     cgroups.kill_all([Path(p) for p in node.cgroups])
 
 

@@ -65,6 +65,21 @@ class Proc:
         return cls(int(data["pid"]), int(data["start"]))
 
 
+def matching(fragment: str) -> list[Proc]:
+    """Live processes whose command line contains ``fragment`` (a path unique to one testbed)."""
+    found = []
+    needle = fragment.encode()
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            if needle in (entry / "cmdline").read_bytes():
+                proc = Proc.of(int(entry.name))
+                if proc.alive() and proc.pid != os.getpid():
+                    found.append(proc)
+        except (OSError, ValueError):
+            continue
+    return found
+
+
 def start_time(pid: int) -> int | None:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -87,15 +102,12 @@ def _reap(pid: int) -> None:
 
 
 def spawn_daemon(argv: Sequence[str], log: Path, env: dict[str, str] | None = None) -> Proc:
-    """Start a process in its own session that outlives us (stdin /dev/null, output to ``log``)."""
-    with open(log, "ab") as out:
-        child = subprocess.Popen(
-            list(argv),
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            close_fds=True,
-            env=env,
-        )
-    return Proc.of(child.pid)
+    """Start a process in its own session that outlives us (stdin /dev/null, output appended to ``log``).
+
+    A short-lived ``sh`` starts it in the background and exits, so the daemon is never our child.
+    """
+    script = 'log=$1; shift; setsid "$@" </dev/null >>"$log" 2>&1 & echo $!'
+    out = subprocess.run(
+        ["/bin/sh", "-c", script, "sh", str(log), *argv], capture_output=True, text=True, check=True, env=env
+    ).stdout
+    return Proc.of(int(out.strip()))

@@ -120,7 +120,7 @@ class Recipe:
     )
     sshd_config: str = SSHD_CONFIG
     user: str = TEST_USER
-    revision: int = 1  # bump when _prepare changes
+    revision: int = 2  # bump when _build_node changes
 
 
 def digest(obj: object) -> str:

@@ -13,17 +13,19 @@ import json
 import secrets
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from tests.e2e.testbed import cgroups, log, network, nodes, rootfs
+from tests.e2e.testbed import aptrepo, cgroups, log, mirror, network, nodes, ociimage, packages, rootfs
 from tests.e2e.testbed.nodes import Node
-from tests.e2e.testbed.procs import Proc
+from tests.e2e.testbed.procs import Proc, matching, spawn_daemon
 from tests.e2e.testbed.state import State
 
 T = TypeVar("T")
+HERE = Path(__file__).parent
 SSH_OPTS = (
     "-o",
     "BatchMode=yes",
@@ -38,6 +40,8 @@ SSH_OPTS = (
 
 class TestbedError(RuntimeError):
     """The testbed could not be brought up or a node did not respond as expected."""
+
+    __test__ = False  # not a pytest test class
 
 
 class Testbed:
@@ -92,6 +96,7 @@ class Testbed:
         st.save()
         log.info(f"bridge {st['bridge']} {st['bridge_ip']}/24")
         self._identity(count)
+        self._services()
         keeper = st.dir / "keeper.sh"
         keeper.write_text(nodes.KEEPER)
         for index in range(1, count + 1):
@@ -99,6 +104,8 @@ class Testbed:
             nodes.prepare(node, slot)
             self._save_node(node)
         self._write_known_hosts()
+        if lb:
+            self.start_lb()
         for node in self.nodes:
             self._boot(node)
         log.info(f"booting {count} node(s)")
@@ -131,6 +138,85 @@ class Testbed:
             client_key=str(key), user={"name": rootfs.TEST_USER, "password": password, "sudo": "nopasswd"}
         )
         st.save()
+
+    def _services(self) -> None:
+        """Build the apt repo, download mirror and test image; start the package server (and the LB)."""
+        st = self.state
+        www = st.dir / "www"
+        log.info("building the local apt repo (Debian debs + stand-in Kubernetes packages) and the mirror")
+        repo = aptrepo.build(www, Path(st["debs"]), st.dir / "gnupg")
+        mirror_files = mirror.build(www)
+        image_ref = ociimage.build(www / "images/busybox-oci.tar")
+        port = self._daemon("http", HERE / "httpserve.py", "--root", str(www))
+        base = f"http://{st['bridge_ip']}:{port}"
+        services: dict[str, Any] = {
+            "apt_repo_url": f"{base}/apt",
+            "apt_repo_key_url": f"{base}/apt/Release.key",
+            "apt_repo_keyring_url": f"{base}/apt/tether-testbed.gpg",
+            "apt_keyring_path": aptrepo.KEYRING_PATH,
+            "apt_source": f"deb [signed-by={aptrepo.KEYRING_PATH}] {base}/apt ./",
+            "apt_source_trusted": f"deb [trusted=yes] {base}/apt ./",
+            "apt_packages": repo.packages,
+            "download_mirror_url": f"{base}/mirror",
+            "mirror_files": mirror_files,
+            "kubernetes_version": packages.K8S_VERSION,
+            "kubernetes_package_version": packages.DEB_VERSION,
+            "images": {"busybox": {"url": f"{base}/images/busybox-oci.tar", "ref": image_ref}},
+        }
+        st["services"] = services
+
+    def start_lb(self, backends: list[str] | None = None) -> str:
+        """Start the TCP load balancer on the bridge, forwarding to :6443 of ``backends`` (default: all)."""
+        st = self.state
+        self.set_lb_backends(backends)
+        port = self._daemon("lb", HERE / "lb.py", "--backends", str(st.dir / "lb-backends.json"))
+        endpoint = f"{st['bridge_ip']}:{port}"
+        st["services"] = {**st.get("services", {}), "lb_endpoint": endpoint}
+        log.info(f"load balancer on {endpoint}")
+        return endpoint
+
+    def set_lb_backends(self, names: list[str] | None = None, port: int = 6443) -> None:
+        """Which nodes' ``port`` the load balancer forwards to (None: every node); takes effect at once."""
+        chosen = self.nodes if names is None else [self.node(n) for n in names]
+        path = self.state.dir / "lb-backends.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps([f"{n.ip}:{port}" for n in chosen]))
+        tmp.replace(path)
+
+    def _daemon(self, name: str, script: Path, *args: str) -> int:
+        """Start a detached helper bound to the bridge address; returns the port it picked."""
+        st = self.state
+        port_file = st.dir / f"{name}.port"
+        port_file.unlink(missing_ok=True)
+        argv = [sys.executable, str(script), "--bind", st["bridge_ip"], "--port-file", str(port_file), *args]
+        proc = spawn_daemon(argv, st.dir / f"{name}.log")
+        st["procs"] = {**st.get("procs", {}), name: proc.to_json()}
+        deadline = time.monotonic() + 15
+        while not port_file.exists():
+            if not proc.alive() or time.monotonic() > deadline:
+                raise TestbedError(f"{name} server did not start; see {st.dir / f'{name}.log'}")
+            time.sleep(0.02)
+        return int(port_file.read_text())
+
+    def apt_setup_command(self, signed: bool = True) -> str:
+        """Shell command that points a node's apt at the local repo (as a real install script would)."""
+        sv = self.state["services"]
+        if not signed:
+            source = sv["apt_source_trusted"]
+            return f"echo '{source}' > /etc/apt/sources.list.d/tether-testbed.list && apt-get update -q"
+        return (
+            "install -d -m 0755 /etc/apt/keyrings && "
+            f"curl -fsSL {sv['apt_repo_key_url']} | gpg --batch "
+            f"--yes --dearmor -o {sv['apt_keyring_path']} && "
+            f"echo '{sv['apt_source']}' > /etc/apt/sources.list.d/tether-testbed.list && apt-get update -q"
+        )
+
+    def expire_join_material(
+        self, control_plane: str, *, tokens: bool = True, certificate_key: bool = True
+    ) -> None:
+        """Force the stand-in cluster's bootstrap tokens and/or certificate key to expire now."""
+        flags = (["--tokens"] if tokens else []) + (["--certificate-key"] if certificate_key else [])
+        self.exec(control_plane, ["kubeadm-standin", "expire", *flags])
 
     def _boot(self, node: Node) -> None:
         st = self.state
@@ -238,9 +324,27 @@ class Testbed:
         )
         if check and result.returncode != 0:
             raise TestbedError(
-                f"{name}$ {command}\nexit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+                f"{name}$ {command}\nexit "
+                f"{result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
             )
         return result
+
+    def asyncssh_options(self, name: str, user: str = "root", password: str | None = None) -> dict[str, Any]:
+        """Keyword arguments for ``asyncssh.connect(node_ip, **opts)``: the node's host key pinned, and the
+        client key (or ``password`` for the test user, see ``describe()['user']``)."""
+        import asyncssh
+
+        node = self.node(name)
+        opts: dict[str, Any] = {
+            "username": user,
+            "known_hosts": asyncssh.import_known_hosts(f"{node.ip} {node.host_key}\n"),
+            "connect_timeout": 10,
+        }
+        if password is None:
+            opts["client_keys"] = [self.state["client_key"]]
+        else:
+            opts.update(password=password, client_keys=None, agent_path=None)
+        return opts
 
     def exec_argv(self, name: str, command: Sequence[str]) -> list[str]:
         """argv that runs ``command`` as root inside a node via nsenter (no SSH involved)."""
@@ -267,7 +371,7 @@ class Testbed:
         return result
 
     def wait_ssh(self, name: str, timeout: float = 120.0) -> str:
-        """Wait until the node serves SSH and has finished booting; returns ``systemctl is-system-running``."""
+        """Wait until the node serves SSH and has booted; returns ``systemctl is-system-running``."""
         deadline = time.monotonic() + timeout
         last = ""
         while time.monotonic() < deadline:
@@ -349,6 +453,8 @@ def down_dir(state_dir: Path) -> list[str]:
         Proc.from_json(record).stop(5)
         log.info(f"stopped {name}")
     results = _parallel(nodes.teardown, bed.nodes)
+    for straggler in matching(f"{state_dir}/"):  # e.g. ssh clients of an `up` that was killed
+        straggler.stop(3)
     problems += [p for result in results for p in result]
     if "bridge" in st.data:
         network.delete_link(st["bridge"])
