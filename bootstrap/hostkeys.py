@@ -115,6 +115,8 @@ class HostKeyVerifier:
             )
             return False
         trusted = self._known.match(self.host, addr, self.port if self.port != 22 else None)[0]
+        if key in trusted:
+            return True
         if trusted:
             known = ", ".join(sorted({fingerprint(k) for k in trusted}))
             self.problem = (

@@ -245,7 +245,11 @@ async def _agent(run: _Run, bundles: BundleSource, delivery: Delivery) -> None:
         await t.write_file(layout.marker, _marker(run, INSTALLING, bundle, token, ca_hash), mode=0o600)
 
         bundle_dir = layout.bundle_dir(bundle.bundle_id)
-        present = (await t.run(f"test -f {shlex.quote(bundle_dir + '/BUNDLE.json')}", timeout=30)).ok
+        # --force delivers and unpacks the bundle again even when the same one is there.
+        present = (
+            not request.force
+            and (await t.run(f"test -f {shlex.quote(bundle_dir + '/BUNDLE.json')}", timeout=30)).ok
+        )
         url = ""
         if not present:
             url = await delivery.url(bundle)
@@ -271,6 +275,7 @@ async def _agent(run: _Run, bundles: BundleSource, delivery: Delivery) -> None:
                 layout.agents_dir,
                 bundle.bundle_id,
                 url,
+                "0" if present else "1",
             ),
             timeout=900,
         )
@@ -313,9 +318,12 @@ async def _agent(run: _Run, bundles: BundleSource, delivery: Delivery) -> None:
 async def _verify(run: _Run) -> str:
     assert run.decision is not None
     action = run.decision.action
-    async with run.reporter.step(
-        Step.VERIFY, "waiting for the unit to be active and the node to enroll"
-    ) as h:
+    doing = (
+        "checking the unit and the node's record"
+        if action is Action.ALREADY
+        else "waiting for the unit to be active and the node to enroll"
+    )
+    async with run.reporter.step(Step.VERIFY, doing) as h:
         if action is Action.ALREADY:
             unit = await _unit_state(run)
             node = await run.registry.get_node(run.node_name)

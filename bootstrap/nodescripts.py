@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import shlex
 
-# argv: archive sha256 agents_dir bundle_id url
-# Fetches the archive when a URL is given, checks its SHA-256, unpacks it into agents_dir/ID,
-# byte-compiles it, points agents_dir/current at it and removes older bundles.
+# argv: archive sha256 agents_dir bundle_id url fresh
+# Fetches the archive when a URL is given, checks its SHA-256, unpacks it into agents_dir/ID
+# (again when fresh is "1"), byte-compiles it, points agents_dir/current at it and removes
+# older bundles.
 UNPACK = r"""
 import compileall, hashlib, os, shutil, sys, tarfile, urllib.request
-archive, sha, agents, bid, url = sys.argv[1:6]
+archive, sha, agents, bid, url, fresh = sys.argv[1:7]
 dest = os.path.join(agents, bid)
-if not os.path.isfile(os.path.join(dest, "BUNDLE.json")):
+if fresh == "1" or not os.path.isfile(os.path.join(dest, "BUNDLE.json")):
     if url:
         os.makedirs(os.path.dirname(archive), mode=0o700, exist_ok=True)
         part = archive + ".part"
@@ -57,7 +58,8 @@ if os.path.exists(archive):
 # argv: cert.pem -> sha256 hex of its DER form (the controller's cert_fingerprint)
 CERT_FINGERPRINT = r"""
 import hashlib, ssl, sys
-print(hashlib.sha256(ssl.PEM_cert_to_DER_cert(open(sys.argv[1]).read())).hexdigest())
+with open(sys.argv[1]) as f:
+    print(hashlib.sha256(ssl.PEM_cert_to_DER_cert(f.read())).hexdigest())
 """
 
 # argv: lib_dir key_path -> prints the base64 X25519 public key; the private key stays in key_path (0600)
@@ -84,7 +86,8 @@ from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 lib, key_path, dest, mode, sealed = sys.argv[1:6]
 try:
-    key = X25519PrivateKey.from_private_bytes(open(key_path, "rb").read())
+    with open(key_path, "rb") as f:
+        key = X25519PrivateKey.from_private_bytes(f.read())
 finally:
     os.remove(key_path)
 blob = base64.b64decode(sealed)

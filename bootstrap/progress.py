@@ -35,10 +35,17 @@ class Progress:
     def __init__(self, out: TextIO, targets: Sequence[str], *, live: bool | None = None) -> None:
         self.out = out
         self.live = out.isatty() if live is None else live
-        self._order = list(targets)
-        self._lines: dict[str, str] = {t: f"{t}: waiting" for t in targets}
+        self._order: list[str] = []
+        self._lines: dict[str, str] = {}
         self._drawn = 0
-        self._width = max((len(t) for t in targets), default=10)
+        self.expect(targets)
+
+    def expect(self, targets: Sequence[str]) -> None:
+        """Show these machines as waiting until their first event."""
+        for target in targets:
+            if target not in self._lines:
+                self._order.append(target)
+                self._lines[target] = f"{target}: waiting"
 
     def __call__(self, event: BootstrapEvent) -> None:
         label = event.node if event.node == event.target else f"{event.node} ({event.target})"

@@ -297,6 +297,7 @@ async def _here(
     progress: Progress,
 ) -> list[Result]:
     machines = [_machine(e, args, secrets, controller) for e in entries]
+    progress.expect([m.target for m in machines])
     wheels = PipWheels(find_links=Path(args.wheel_dir)) if args.wheel_dir else None
     bundles = BundleBuilder(Path(args.bundle_cache) if args.bundle_cache else None, wheels)
     delivery = _delivery(args, entries)

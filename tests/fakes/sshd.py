@@ -37,9 +37,16 @@ def free_port() -> int:
 
 def keygen(path: Path, passphrase: str = "", kind: str = "ed25519") -> str:
     """Create a key pair; returns the public key line ('TYPE BASE64 COMMENT')."""
-    subprocess.run(["ssh-keygen", "-q", "-t", kind, "-N", passphrase, "-C", path.name, "-f", str(path)],
-                   check=True, capture_output=True)
-    return path.with_suffix(".pub").read_text().strip() if path.suffix else Path(f"{path}.pub").read_text().strip()
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", kind, "-N", passphrase, "-C", path.name, "-f", str(path)],
+        check=True,
+        capture_output=True,
+    )
+    return (
+        path.with_suffix(".pub").read_text().strip()
+        if path.suffix
+        else Path(f"{path}.pub").read_text().strip()
+    )
 
 
 class Sshd:
@@ -81,18 +88,37 @@ class Sshd:
             setup = "mount -t tmpfs -o mode=755 tmpfs /run && mkdir -m 755 /run/sshd"
             if self.root_password:
                 shadow = self.dir / "shadow"
-                digest = subprocess.run(["openssl", "passwd", "-6", "-stdin"], input=self.root_password,
-                                        capture_output=True, text=True, check=True).stdout.strip()
+                digest = subprocess.run(
+                    ["openssl", "passwd", "-6", "-stdin"],
+                    input=self.root_password,
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                ).stdout.strip()
                 lines = Path("/etc/shadow").read_text().splitlines()
-                shadow.write_text("\n".join(
-                    f"root:{digest}:" + ":".join(line.split(":")[2:]) if line.startswith("root:") else line
-                    for line in lines) + "\n")
+                shadow.write_text(
+                    "\n".join(
+                        f"root:{digest}:" + ":".join(line.split(":")[2:])
+                        if line.startswith("root:")
+                        else line
+                        for line in lines
+                    )
+                    + "\n"
+                )
                 shadow.chmod(0o600)
                 setup += f" && mount --bind {shadow} /etc/shadow"
             self.proc = subprocess.Popen(
-                ["unshare", "--mount", "--propagation", "private", "sh", "-c",
-                 f"{setup} && exec {SSHD} -D -e -f {config}"],
-                stdout=subprocess.DEVNULL, stderr=self.log.open("ab"),
+                [
+                    "unshare",
+                    "--mount",
+                    "--propagation",
+                    "private",
+                    "sh",
+                    "-c",
+                    f"{setup} && exec {SSHD} -D -e -f {config}",
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=self.log.open("ab"),
             )
             if self._wait_listening():
                 return self
