@@ -262,6 +262,14 @@ def test_kubeadm_stand_in_init_join_round_trip(bed: Testbed) -> None:
     log = bed.ssh("node2", "cat /var/log/kubeadm-standin/kubeadm.log").stdout
     assert token.group(1).split(".")[1] not in log, "the stand-in's log must not contain token secrets"
 
+    # HA: with the first control plane down the endpoint still answers (node3 takes over), and node1
+    # catches up with what changed meanwhile when it comes back
+    bed.stop("node1")
+    late = bed.ssh("node3", f"kubeadm token create --ttl 2h {ADMIN}").stdout.strip()
+    assert "node1" in bed.ssh("node2", "kubectl --kubeconfig /etc/kubernetes/kubelet.conf get nodes").stdout
+    bed.start("node1")
+    assert late in bed.ssh("node1", "kubeadm token list").stdout
+
 
 def test_reboot_keeps_identity_and_disk(bed: Testbed) -> None:
     before = bed.describe()["nodes"][0]

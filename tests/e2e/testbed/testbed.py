@@ -221,7 +221,6 @@ class Testbed:
     def _boot(self, node: Node) -> None:
         st = self.state
         if not node.cgroups:
-            node.cgroups = [f"/sys/fs/cgroup/{p}" for p in ()]  # recorded before creation below
             node.cgroups = [str(p) for p in _cgroup_paths(node.machine)]
             self._save_node(node)
             cgroups.create(f"tether-testbed-{node.machine}")

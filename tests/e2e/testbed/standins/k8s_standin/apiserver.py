@@ -143,19 +143,19 @@ class Server:
                     )
 
     def catch_up(self) -> None:
-        """At start, a follower takes the leader's newer state."""
-        for _ in range(30):
-            leader = self.leader()
-            if leader is None:
-                return
+        """At start, take the newest state any other member has (we may have been down while it changed)."""
+        for member in self.store.data.get("members", []):
+            if member["name"] == self.name:
+                continue
             with contextlib.suppress(Exception):
-                status, body = self.peer_api(leader).raw(
+                status, body = self.peer_api(member["address"], timeout=2).raw(
                     "GET", "/standin/v1/peer/snapshot", None, self.peer_headers({"kind": "peer"})
                 )
-                if status == 200:
-                    self.store.adopt(json.loads(body))
-                    return
-            time.sleep(1)
+                if status == 200 and self.store.adopt(json.loads(body)):
+                    print(
+                        f"caught up from {member['name']} (revision {self.store.data['revision']})",
+                        flush=True,
+                    )
 
     def changed(self) -> None:
         self.store.save()
@@ -654,8 +654,8 @@ def main(argv: list[str]) -> int:
     ctx.load_verify_locations(str(PKI / "ca.crt"))
     ctx.verify_mode = ssl.CERT_OPTIONAL
     httpd = TLSServer((args.bind_address, args.secure_port), app, ctx)
+    app.catch_up()
     threading.Thread(target=app.replicator, daemon=True).start()
-    threading.Thread(target=app.catch_up, daemon=True).start()
     print(
         f"kube-apiserver-standin {VERSION} ({args.name}) serving on {args.bind_address}:{args.secure_port}",
         flush=True,
