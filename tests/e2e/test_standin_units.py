@@ -13,7 +13,7 @@ from cryptography.hazmat.primitives import serialization
 
 sys.path.insert(0, str(Path(__file__).parent / "testbed" / "standins"))
 
-from k8s_standin import common, kubeadm, kubectl, miniyaml
+from k8s_standin import common, kubeadm_base, kubectl, miniyaml
 
 KUBEADM_CONFIG = """\
 apiVersion: kubeadm.k8s.io/v1beta4
@@ -71,11 +71,11 @@ def test_miniyaml_round_trips_kubeconfigs() -> None:
 def test_kubeadm_config_is_parsed_by_kind(tmp_path: Path) -> None:
     path = tmp_path / "kubeadm.yaml"
     path.write_text(KUBEADM_CONFIG)
-    cfg = kubeadm.load_config(str(path))
+    cfg = kubeadm_base.load_config(str(path))
     assert set(cfg) == {"InitConfiguration", "ClusterConfiguration"}
     path.write_text("apiVersion: v1\nkind: Pod\n")
-    with pytest.raises(kubeadm.Failure, match="unknown apiVersion"):
-        kubeadm.load_config(str(path))
+    with pytest.raises(kubeadm_base.Failure, match="unknown apiVersion"):
+        kubeadm_base.load_config(str(path))
 
 
 def test_secrets_in_logged_arguments_are_replaced_by_their_hash() -> None:
@@ -102,12 +102,12 @@ def test_bootstrap_token_jws_detects_a_wrong_secret() -> None:
     ("text", "seconds"), [("24h0m0s", 86400), ("2h", 7200), ("90s", 90), ("1h30m", 5400), ("0", 0)]
 )
 def test_go_durations(text: str, seconds: float) -> None:
-    assert kubeadm.parse_duration(text) == seconds
+    assert kubeadm_base.parse_duration(text) == seconds
 
 
 def test_bad_duration_is_an_error() -> None:
-    with pytest.raises(kubeadm.Failure):
-        kubeadm.parse_duration("tomorrow")
+    with pytest.raises(kubeadm_base.Failure):
+        kubeadm_base.parse_duration("tomorrow")
 
 
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl CLI")

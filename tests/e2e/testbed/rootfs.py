@@ -144,9 +144,45 @@ def cache_dir() -> Path:
 def ensure(recipe: Recipe | None = None) -> CachedRootfs:
     """Return the cached rootfs for ``recipe``, building what the machine lacks first."""
     recipe = recipe or Recipe()
+    before = len(built)
+    cached = _ensure(recipe)
+    if len(built) > before:
+        for gone in prune(cached):
+            log.info(f"removed the unused cache entry {gone}")
+    return cached
+
+
+def _ensure(recipe: Recipe) -> CachedRootfs:
     base = _cached(f"base-{digest(recipe.base)}", lambda tmp: _build_base(recipe.base, tmp))
     node = _cached(f"node-{digest(recipe)}", lambda tmp: _build_node(recipe, base, tmp))
     return CachedRootfs(rootfs=node / "rootfs", debs=base / "debs", digest=digest(recipe))
+
+
+def prune(keep: CachedRootfs) -> list[Path]:
+    """Remove cache entries of other recipes that no mount or process uses; returns what was removed."""
+    root = cache_dir()
+    in_use = Path("/proc/self/mounts").read_text()
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        with contextlib.suppress(OSError):
+            in_use += cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    removed = []
+    for entry in root.glob("*-*"):
+        if entry.suffix == ".tmp" or not entry.is_dir() or entry in (keep.rootfs.parent, keep.debs.parent):
+            continue
+        if str(entry) in in_use:
+            continue
+        with open(root / f"{entry.name}.lock", "w") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                continue  # being built right now
+            shutil.rmtree(entry, ignore_errors=True)
+            (root / f"{entry.name}.lock").unlink(missing_ok=True)
+            removed.append(entry)
+    return removed
+
+
+built: list[Path] = []  # cache entries this process built (a new recipe: time to prune old ones)
 
 
 def _cached(name: str, build: Callable[[Path], None]) -> Path:
@@ -169,6 +205,7 @@ def _cached(name: str, build: Callable[[Path], None]) -> Path:
         if entry.exists():
             shutil.rmtree(entry)
         tmp.rename(entry)
+        built.append(entry)
     return entry
 
 
