@@ -28,6 +28,7 @@ import os
 import subprocess
 import sys
 import tarfile
+import tempfile
 import zipfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -103,6 +104,24 @@ class PipWheels:
     pip: tuple[str, ...] = (sys.executable, "-m", "pip")
 
     def __call__(self, spec: BundleSpec, dest: Path) -> Sequence[Path]:
+        """The wheels for ``spec`` in ``dest``; pip runs only when this set was never fetched."""
+        key = hashlib.sha256(
+            json.dumps([spec.tag, list(self.requirements), str(self.find_links or "")]).encode()
+        ).hexdigest()[:16]
+        record = dest / f"wheels-{key}.json"
+        if record.exists():
+            names = json.loads(record.read_text())
+            if all((dest / n).is_file() for n in names):
+                return [dest / n for n in names]
+        with tempfile.TemporaryDirectory(dir=dest) as tmp:
+            self._download(spec, Path(tmp))
+            names = sorted(p.name for p in Path(tmp).glob("*.whl"))
+            for name in names:
+                os.replace(Path(tmp, name), dest / name)
+        record.write_text(json.dumps(names))
+        return [dest / n for n in names]
+
+    def _download(self, spec: BundleSpec, dest: Path) -> None:
         abi = f"cp{spec.python.replace('.', '')}"
         argv = [*self.pip, "download", "--quiet", "--only-binary=:all:", "--dest", str(dest)]
         for platform in spec.platforms():
@@ -119,7 +138,6 @@ class PipWheels:
         if out.returncode != 0:
             tail = "\n".join(out.stderr.strip().splitlines()[-4:])
             raise BundleError(f"cannot fetch the agent's wheels for {spec.tag}: {tail}")
-        return sorted(dest.glob("*.whl"))
 
 
 def default_cache_dir() -> Path:

@@ -3,8 +3,9 @@
 Hierarchy::
 
     BootstrapError              root; carries ``step``, ``target`` and ``retryable``
-    ├── ConnectError            the machine could not be reached or logged into (retryable)
-    │   └── HostKeyError        the host key is unknown or does not match: nothing was sent
+    ├── ConnectError            the machine could not be reached (retryable)
+    │   ├── HostKeyError        the host key is unknown or does not match: nothing was sent
+    │   └── AuthenticationError the machine refused the credentials (or the key cannot be loaded)
     ├── CommandFailed           a remote command exited non-zero (exit code, stderr tail)
     ├── CommandTimeout          a remote command ran past its deadline (retryable)
     ├── UnsupportedHost         detection refused the machine; ``reasons`` lists every problem
@@ -46,6 +47,12 @@ class ConnectError(BootstrapError):
 
 class HostKeyError(ConnectError):
     """The SSH host key is not trusted: unknown (and TOFU not asked for) or different from the pin."""
+
+    retryable = False
+
+
+class AuthenticationError(ConnectError):
+    """Login refused, or the private key could not be loaded: trying again will not help."""
 
     retryable = False
 

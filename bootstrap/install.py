@@ -119,6 +119,8 @@ async def adopt(
     started = time.monotonic()
     redactor = redactor if redactor is not None else Redactor()
     run = _Run(target, request, registry, Reporter(target, sink, redactor), redactor)
+    if request.node_name:  # known up front: name the machine in every event and in the result
+        run.node_name = run.reporter.node = request.node_name.strip().lower()
     try:
         Role.parse(request.role)
         async with run.reporter.step(Step.CONNECT, f"connecting to {target}") as h:

@@ -18,7 +18,7 @@ from typing import Any
 
 import asyncssh
 
-from bootstrap.errors import CommandTimeout, ConnectError, HostKeyError
+from bootstrap.errors import AuthenticationError, CommandTimeout, ConnectError, HostKeyError
 from bootstrap.hostkeys import HostKeyPolicy, HostKeyVerifier
 from bootstrap.transport import DEFAULT_TIMEOUT, CommandResult, Transport, write_stdin_script
 from nodeagent.secrets import Secret
@@ -103,15 +103,17 @@ def _client_keys(credentials: SshCredentials) -> list[asyncssh.SSHKey]:
         )
     except asyncssh.KeyEncryptionError as exc:
         if "bcrypt" in str(exc):
-            raise ConnectError(
+            raise AuthenticationError(
                 "a passphrase-protected OpenSSH key needs the Python package bcrypt (pip install bcrypt)"
             ) from None
-        raise ConnectError("cannot decrypt the private key: wrong passphrase") from None
+        raise AuthenticationError("cannot decrypt the private key: wrong passphrase") from None
     except asyncssh.KeyImportError as exc:
         text = str(exc)
+        if credentials.passphrase and "decrypt" in text.lower():
+            raise AuthenticationError("cannot decrypt the private key: wrong passphrase") from None
         if "passphrase" in text.lower():
-            raise ConnectError("the private key is encrypted: a passphrase is needed") from None
-        raise ConnectError(f"cannot load the private key: {text}") from None
+            raise AuthenticationError("the private key is encrypted: a passphrase is needed") from None
+        raise AuthenticationError(f"cannot load the private key: {text}") from None
     return [key]
 
 
@@ -148,7 +150,7 @@ async def _dial(
     except asyncssh.HostKeyNotVerifiable:
         raise HostKeyError(verifier.problem or f"host key of {where} not verified", target=where) from None
     except asyncssh.PermissionDenied:
-        raise ConnectError(
+        raise AuthenticationError(
             f"authentication failed for {where} (tried: {credentials.describe()})", target=where
         ) from None
     except (OSError, asyncio.TimeoutError) as exc:
@@ -164,7 +166,9 @@ async def _dial(
 async def connect(target: SshTarget) -> SshTransport:
     """Dial (through the jump host if any), then make sure commands can run as root."""
     if not any((target.credentials.private_key, target.credentials.password, target.credentials.agent_path)):
-        raise ConnectError("no SSH credentials: give a key, a password or an ssh-agent", target=str(target))
+        raise AuthenticationError(
+            "no SSH credentials: give a key, a password or an ssh-agent", target=str(target)
+        )
     jump_conn = None
     if target.jump is not None:
         jump_conn = await _dial(

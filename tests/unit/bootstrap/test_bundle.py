@@ -93,7 +93,7 @@ async def test_builder_fetches_once_per_spec_and_caches(tmp_path: Path) -> None:
     assert other.sha256 != first.sha256 and len(calls) == 2
 
 
-def test_platform_tags_and_pip_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_platform_tags_and_pip_arguments(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     spec = BundleSpec("3.12", "arm64", (2, 28))
     tags = spec.platforms()
     assert tags[0] == "manylinux2014_aarch64"
@@ -109,7 +109,7 @@ def test_platform_tags_and_pip_arguments(monkeypatch: pytest.MonkeyPatch) -> Non
 
     monkeypatch.setattr(subprocess, "run", fake_run)
     with pytest.raises(BundleError, match="No matching distribution"):
-        PipWheels(requirements=("grpcio==1.0",), find_links=Path("/wheels"), pip=("pip",))(spec, Path("/x"))
+        PipWheels(requirements=("grpcio==1.0",), find_links=Path("/wheels"), pip=("pip",))(spec, tmp_path)
     argv = seen[0]
     assert argv[:3] == ["pip", "download", "--quiet"]
     assert "--only-binary=:all:" in argv
@@ -117,3 +117,23 @@ def test_platform_tags_and_pip_arguments(monkeypatch: pytest.MonkeyPatch) -> Non
     assert argv[argv.index("--python-version") + 1] == "3.12"
     assert "cp312" in argv
     assert argv[-1] == "grpcio==1.0"
+
+
+def test_pip_runs_only_for_a_set_of_wheels_it_never_fetched(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    runs: list[list[str]] = []
+
+    def fake_run(argv: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
+        runs.append(argv)
+        grpc_wheel(Path(argv[argv.index("--dest") + 1]))
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    first = PipWheels(requirements=("grpcio==1.0",), pip=("pip",))(SPEC, tmp_path)
+    again = PipWheels(requirements=("grpcio==1.0",), pip=("pip",))(SPEC, tmp_path)
+    assert first == again
+    assert [p.name for p in first] == ["grpcio-1.0-cp311-cp311-manylinux2014_x86_64.whl"]
+    assert len(runs) == 1
+    PipWheels(requirements=("grpcio==2.0",), pip=("pip",))(SPEC, tmp_path)
+    assert len(runs) == 2
