@@ -13,8 +13,8 @@ it; they are never stored or logged (the process redactor masks them in case a l
   presigned URL when ``bundle_s3_uri`` is set. The controller's own AWS credentials are used.
 
 Agent bundles are built once per Python version and architecture and cached in
-``DATA_DIR/bundles`` (``pip download`` needs the controller host to reach a package index or
-``TETHER_WHEEL_DIR``, a directory of wheels).
+``DATA_DIR/bundles`` (or ``$TETHER_BUNDLE_CACHE``); ``pip download`` needs the controller host to
+reach a package index, or ``$TETHER_WHEEL_DIR``, a directory of wheels.
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ class StoreRegistry:
 
 
 def _builder(app: App) -> BundleBuilder:
-    cache = app.config.data_dir / "bundles"
+    cache = Path(os.environ.get("TETHER_BUNDLE_CACHE", "") or app.config.data_dir / "bundles")
     if cache not in _builders:
         wheel_dir = os.environ.get("TETHER_WHEEL_DIR", "")
         wheels = PipWheels(find_links=Path(wheel_dir)) if wheel_dir else None

@@ -102,8 +102,11 @@ class Sshd:
             group += f"{name}:x:{EXTRA_UID}:\n"
             shadow.append(f"{name}:{_hash(password)}:19000:0:99999:7:::")
         mounts = []
-        for filename, text, mode in (("passwd", passwd, 0o644), ("shadow", "\n".join(shadow) + "\n", 0o600),
-                                     ("group", group, 0o644)):  # fmt: skip
+        for filename, text, mode in (
+            ("passwd", passwd, 0o644),
+            ("shadow", "\n".join(shadow) + "\n", 0o600),
+            ("group", group, 0o644),
+        ):
             copy = self.dir / filename
             copy.write_text(text)
             copy.chmod(mode)
@@ -131,11 +134,18 @@ class Sshd:
             )
             with self.log.open("ab") as log:  # the child keeps its own copy of the descriptor
                 self.proc = subprocess.Popen(
-                    ["unshare", "--mount", "--propagation", "private", "sh", "-c",
-                     f"{setup} && exec {SSHD} -D -e -f {config}"],
+                    [
+                        "unshare",
+                        "--mount",
+                        "--propagation",
+                        "private",
+                        "sh",
+                        "-c",
+                        f"{setup} && exec {SSHD} -D -e -f {config}",
+                    ],
                     stdout=subprocess.DEVNULL,
                     stderr=log,
-                )  # fmt: skip
+                )
             if self._wait_listening():
                 return self
             self.stop()

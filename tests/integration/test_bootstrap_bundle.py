@@ -32,13 +32,17 @@ def bundle() -> AgentBundle:
     import platform
 
     libc = platform.libc_ver()[1] or "2.17"
-    spec = BundleSpec(f"{major}.{minor}", "amd64" if platform.machine() == "x86_64" else "arm64",
-                      (int(libc.split(".")[0]), int(libc.split(".")[1])))  # fmt: skip
+    spec = BundleSpec(
+        f"{major}.{minor}",
+        "amd64" if platform.machine() == "x86_64" else "arm64",
+        (int(libc.split(".")[0]), int(libc.split(".")[1])),
+    )
     return asyncio.run(BundleBuilder().get(spec))
 
 
-def unpack(python: str, archive: Path, sha: str, agents: Path, bundle_id: str, url: str = "", fresh: str = "0"
-           ) -> subprocess.CompletedProcess[str]:  # fmt: skip
+def unpack(
+    python: str, archive: Path, sha: str, agents: Path, bundle_id: str, url: str = "", fresh: str = "0"
+) -> subprocess.CompletedProcess[str]:
     argv = [python, "-I", "-c", nodescripts.UNPACK, str(archive), sha, str(agents), bundle_id, url, fresh]
     return subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
 
@@ -55,18 +59,26 @@ def test_the_bundle_runs_on_a_bare_interpreter(bundle: AgentBundle, tmp_path: Pa
     assert not archive.exists()
     launch = str(agents / "current/launch.py")
     # -S: not even this virtualenv's site-packages; everything comes from the bundle's lib/.
-    version = subprocess.run([sys.executable, "-I", "-S", launch, "version"], capture_output=True, text=True,
-                             check=True)  # fmt: skip
+    version = subprocess.run(
+        [sys.executable, "-I", "-S", launch, "version"], capture_output=True, text=True, check=True
+    )
     assert version.stdout.strip() == __version__
     bare = [sys.executable, "-I", "-S", launch, "facts"]
     facts = json.loads(subprocess.run(bare, capture_output=True, text=True, check=True).stdout)
     assert facts["arch"] in ("amd64", "arm64")
     where = subprocess.run(
-        [sys.executable, "-I", "-S", "-c",
-         f"import sys; sys.path[:0] = [{str(agents / 'current/lib')!r}]; import grpc, cryptography, yaml; "
-         "print(grpc.__file__, cryptography.__file__, yaml.__file__)"],
-        capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
+        [
+            sys.executable,
+            "-I",
+            "-S",
+            "-c",
+            f"import sys; sys.path[:0] = [{str(agents / 'current/lib')!r}]; import grpc, cryptography, yaml; "
+            "print(grpc.__file__, cryptography.__file__, yaml.__file__)",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert where.count(str(agents / "current/lib")) == 3
     assert list((agents / bundle.bundle_id / "lib/nodeagent/__pycache__").glob("*.pyc"))  # byte-compiled
 

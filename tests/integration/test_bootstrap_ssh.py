@@ -39,9 +39,17 @@ def sshd(tmp_path: Path) -> Iterator[Sshd]:
     server.stop()
 
 
-def target(server: Sshd, *, key: str = "", passphrase: str = "", password: str = "", agent: str = "",
-           policy: HostKeyPolicy | None = None, user: str = "root", jump: ssh.SshEndpoint | None = None,
-           ) -> ssh.SshTarget:  # fmt: skip
+def target(
+    server: Sshd,
+    *,
+    key: str = "",
+    passphrase: str = "",
+    password: str = "",
+    agent: str = "",
+    policy: HostKeyPolicy | None = None,
+    user: str = "root",
+    jump: ssh.SshEndpoint | None = None,
+) -> ssh.SshTarget:
     creds = ssh.SshCredentials(Secret(key), Secret(passphrase), Secret(password), agent)
     pinned = HostKeyPolicy(pinned=server.host_key_line)
     return ssh.SshTarget(ssh.SshEndpoint("127.0.0.1", server.port, user), creds, policy or pinned, jump, 5.0)
@@ -167,11 +175,18 @@ async def test_a_login_that_cannot_become_root_is_refused_at_connect(tmp_path: P
         server.stop()
 
 
-def bootstrap_cli(controller: Controller, *args: str, env: dict[str, str] | None = None
-                  ) -> subprocess.CompletedProcess[str]:  # fmt: skip
+def bootstrap_cli(
+    controller: Controller, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     full = {**os.environ, "TETHER_CONFIG": str(controller.config), **(env or {})}
-    return subprocess.run([str(BIN / "tetherctl"), "bootstrap", *args], capture_output=True, text=True,
-                          env=full, timeout=120, check=False)  # fmt: skip
+    return subprocess.run(
+        [str(BIN / "tetherctl"), "bootstrap", *args],
+        capture_output=True,
+        text=True,
+        env=full,
+        timeout=120,
+        check=False,
+    )
 
 
 @pytest.fixture
@@ -189,14 +204,48 @@ def test_cli_shows_the_host_then_refuses_it_and_never_prints_a_credential(
     endpoint = f"root@127.0.0.1:{sshd.port}"
     env = {"T_PASS": ROOT_PASSWORD, "T_PHRASE": PASSPHRASE}
     runs = [
-        bootstrap_cli(controller, "--env", "lab", "--ssh", endpoint, "--password-env", "T_PASS",
-                      "--host-key", sshd.host_key_line, env=env),
-        bootstrap_cli(controller, "--env", "lab", "--role", "worker", "--ssh", endpoint, "--identity",
-                      str(tmp_path / "id_pem"), "--passphrase-env", "T_PHRASE", "--host-key",
-                      sshd.host_key_line, env=env),
-        bootstrap_cli(controller, "--env", "lab", "--ssh", endpoint, "--password-env", "T_PASS", "--host-key",
-                      sshd.host_key_line, "--via-controller", env=env),
-    ]  # fmt: skip
+        bootstrap_cli(
+            controller,
+            "--env",
+            "lab",
+            "--ssh",
+            endpoint,
+            "--password-env",
+            "T_PASS",
+            "--host-key",
+            sshd.host_key_line,
+            env=env,
+        ),
+        bootstrap_cli(
+            controller,
+            "--env",
+            "lab",
+            "--role",
+            "worker",
+            "--ssh",
+            endpoint,
+            "--identity",
+            str(tmp_path / "id_pem"),
+            "--passphrase-env",
+            "T_PHRASE",
+            "--host-key",
+            sshd.host_key_line,
+            env=env,
+        ),
+        bootstrap_cli(
+            controller,
+            "--env",
+            "lab",
+            "--ssh",
+            endpoint,
+            "--password-env",
+            "T_PASS",
+            "--host-key",
+            sshd.host_key_line,
+            "--via-controller",
+            env=env,
+        ),
+    ]
     for out in runs:
         assert out.returncode == 1, out.stderr
         text = out.stdout + out.stderr
@@ -216,8 +265,17 @@ def test_cli_wrong_host_key_aborts_before_logging_in(
     sshd: Sshd, controller: Controller, tmp_path: Path
 ) -> None:
     wrong = keygen(tmp_path / "impostor")
-    out = bootstrap_cli(controller, "--env", "lab", "--ssh", f"root@127.0.0.1:{sshd.port}", "--identity",
-                        str(tmp_path / "id_plain"), "--host-key", wrong)  # fmt: skip
+    out = bootstrap_cli(
+        controller,
+        "--env",
+        "lab",
+        "--ssh",
+        f"root@127.0.0.1:{sshd.port}",
+        "--identity",
+        str(tmp_path / "id_plain"),
+        "--host-key",
+        wrong,
+    )
     assert out.returncode == 1
     assert "host key mismatch" in out.stdout
     assert "connect failed" in out.stdout

@@ -54,8 +54,9 @@ def endpoint(aws_env: None) -> Iterator[SsmEndpoint]:
 
 
 def client(ep: SsmEndpoint) -> Any:
-    return boto3.client("ssm", region_name="us-east-1", endpoint_url=ep.url,
-                        config=Config(retries={"max_attempts": 1}))  # fmt: skip
+    return boto3.client(
+        "ssm", region_name="us-east-1", endpoint_url=ep.url, config=Config(retries={"max_attempts": 1})
+    )
 
 
 def transport(ep: SsmEndpoint) -> ssm.SsmTransport:
@@ -125,8 +126,18 @@ def cli(controller: Controller, *args: str) -> subprocess.CompletedProcess[str]:
 def test_cli_over_ssm_detects_then_refuses_this_host(
     endpoint: SsmEndpoint, controller: Controller, via_controller: bool
 ) -> None:
-    args = ["--env", "lab", "--ssm", INSTANCE, "--region", "us-east-1", "--ssm-endpoint", endpoint.url,
-            "--serve-bundle", "127.0.0.1"] + (["--via-controller"] if via_controller else [])  # fmt: skip
+    args = [
+        "--env",
+        "lab",
+        "--ssm",
+        INSTANCE,
+        "--region",
+        "us-east-1",
+        "--ssm-endpoint",
+        endpoint.url,
+        "--serve-bundle",
+        "127.0.0.1",
+    ] + (["--via-controller"] if via_controller else [])
     out = cli(controller, *args)
     assert out.returncode == 1, out.stderr
     assert f"ssm:{INSTANCE}" in out.stdout
@@ -140,8 +151,19 @@ def test_cli_over_ssm_detects_then_refuses_this_host(
 
 @needs_root
 def test_cli_reports_an_unmanaged_instance_as_failed(endpoint: SsmEndpoint, controller: Controller) -> None:
-    out = cli(controller, "--env", "lab", "--ssm", "i-0ffffffffffffffff", "--region", "us-east-1",
-              "--ssm-endpoint", endpoint.url, "-o", "json")  # fmt: skip
+    out = cli(
+        controller,
+        "--env",
+        "lab",
+        "--ssm",
+        "i-0ffffffffffffffff",
+        "--region",
+        "us-east-1",
+        "--ssm-endpoint",
+        endpoint.url,
+        "-o",
+        "json",
+    )
     assert out.returncode == 1
     [result] = json.loads(out.stdout)
     assert result["outcome"] == "failed"

@@ -27,13 +27,17 @@ def wheel(tmp: Path, name: str, files: dict[str, bytes]) -> Path:
 
 
 def grpc_wheel(tmp: Path) -> Path:
-    return wheel(tmp, "grpcio-1.0-cp311-cp311-manylinux2014_x86_64.whl", {
-        "grpc/__init__.py": b"# grpc\n",
-        "grpc/_cython/cygrpc.so": b"\x7fELF",
-        "grpcio-1.0.dist-info/METADATA": b"Name: grpcio\n",
-        "grpcio-1.0.data/purelib/grpc_extra.py": b"x = 1\n",
-        "grpcio-1.0.data/scripts/tool": b"#!/bin/sh\n",
-    })  # fmt: skip
+    return wheel(
+        tmp,
+        "grpcio-1.0-cp311-cp311-manylinux2014_x86_64.whl",
+        {
+            "grpc/__init__.py": b"# grpc\n",
+            "grpc/_cython/cygrpc.so": b"\x7fELF",
+            "grpcio-1.0.dist-info/METADATA": b"Name: grpcio\n",
+            "grpcio-1.0.data/purelib/grpc_extra.py": b"x = 1\n",
+            "grpcio-1.0.data/scripts/tool": b"#!/bin/sh\n",
+        },
+    )
 
 
 def names(data: bytes) -> list[str]:

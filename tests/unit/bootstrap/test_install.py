@@ -17,13 +17,18 @@ from nodeagent.secrets import Redactor
 from tests.unit.bootstrap.fakes import LAYOUT, Events, FakeBundles, FakeMachine, FakeRegistry, FakeTransport
 
 FRESH_STEPS = [
-    ("connect", "started"), ("connect", "succeeded"),
-    ("detect", "started"), ("detect", "succeeded"),
-    ("prereqs", "started"), ("prereqs", "skipped"),
-    ("agent", "started"), ("agent", "succeeded"),
-    ("verify", "started"), ("verify", "succeeded"),
+    ("connect", "started"),
+    ("connect", "succeeded"),
+    ("detect", "started"),
+    ("detect", "succeeded"),
+    ("prereqs", "started"),
+    ("prereqs", "skipped"),
+    ("agent", "started"),
+    ("agent", "succeeded"),
+    ("verify", "started"),
+    ("verify", "succeeded"),
     ("done", "succeeded"),
-]  # fmt: skip
+]
 
 
 class Served:
@@ -173,12 +178,19 @@ async def test_force_reinstalls_bundle_unit_and_config_but_keeps_the_identity(tm
     [
         ({"systemd": False}, "systemd is not running"),
         ({"machine": "riscv64"}, "unsupported architecture riscv64"),
-        ({"pythons": {"/usr/bin/python3": "3.8.10"}, "os_id": "ubuntu", "os_version": "20.04",
-          "pretty": "Ubuntu 20.04.6 LTS"}, "Ubuntu 20.04.6 LTS has no Python >= 3.10"),
+        (
+            {
+                "pythons": {"/usr/bin/python3": "3.8.10"},
+                "os_id": "ubuntu",
+                "os_version": "20.04",
+                "pretty": "Ubuntu 20.04.6 LTS",
+            },
+            "Ubuntu 20.04.6 LTS has no Python >= 3.10",
+        ),
         ({"libc": "musl 1.2"}, "glibc >= 2.17"),
         ({"hostname": "Bad_Name!"}, "not a valid node name"),
     ],
-)  # fmt: skip
+)
 async def test_unsupported_hosts_are_refused_with_a_reason_and_left_untouched(
     tmp_path: Path, change: dict[str, Any], reason: str
 ) -> None:

@@ -14,14 +14,18 @@ from bootstrap.inventory import Entry
 
 def test_defaults_flags_and_per_node_values_merge_in_that_order(tmp_path: Path) -> None:
     path = tmp_path / "nodes.yaml"
-    path.write_text(yaml.safe_dump({
-        "defaults": {"env": "lab", "role": "worker", "user": "ops", "identity": "~/.ssh/k"},
-        "nodes": [
-            {"ssh": "10.0.0.5", "name": "gpu-1"},
-            {"ssh": "root@10.0.0.6:2222", "role": "control-plane", "host_key": "ssh-ed25519 AAAA"},
-            {"ssm": "i-0abc", "region": "eu-west-1"},
-        ],
-    }))  # fmt: skip
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "defaults": {"env": "lab", "role": "worker", "user": "ops", "identity": "~/.ssh/k"},
+                "nodes": [
+                    {"ssh": "10.0.0.5", "name": "gpu-1"},
+                    {"ssh": "root@10.0.0.6:2222", "role": "control-plane", "host_key": "ssh-ed25519 AAAA"},
+                    {"ssm": "i-0abc", "region": "eu-west-1"},
+                ],
+            }
+        )
+    )
     flags = Entry(env="from-flags", known_hosts="/kh", region="us-east-1")
     entries = inventory.load(path, flags)
     assert [e.target for e in entries] == ["ops@10.0.0.5", "root@10.0.0.6:2222", "ssm:i-0abc"]
@@ -71,12 +75,16 @@ def test_an_environment_document_contributes_its_node_list() -> None:
             "auth": {"username": "ubuntu", "privateKey": "~/.ssh/aws.pem"},
             "cluster": {"region": "us-west-2"},
         },
-        "status": {"cluster": {"nodes": [
-            {"name": "cp-0", "role": "control-plane", "publicIp": "3.3.3.3", "sshUsername": "rocky"},
-            {"name": "w-0", "role": "worker", "privateIp": "10.0.1.7"},
-            {"name": "w-1", "role": "worker", "instanceId": "i-0def"},
-        ]}},
-    }  # fmt: skip
+        "status": {
+            "cluster": {
+                "nodes": [
+                    {"name": "cp-0", "role": "control-plane", "publicIp": "3.3.3.3", "sshUsername": "rocky"},
+                    {"name": "w-0", "role": "worker", "privateIp": "10.0.1.7"},
+                    {"name": "w-1", "role": "worker", "instanceId": "i-0def"},
+                ]
+            }
+        },
+    }
     entries = inventory.parse(doc, "env.yaml", Entry())
     assert [(e.name, e.role, e.target, e.env) for e in entries] == [
         ("cp-0", "control-plane", "rocky@3.3.3.3", "gpu-cluster"),

@@ -64,12 +64,16 @@ def test_installed_never_enrolled_and_not_running_needs_force() -> None:
         (InstallState(marker=MARKER_DONE), ENROLLED, {}, "already enrolled by another machine"),
         (InstallState(identity=True), None, {}, "belongs to another controller"),
         (InstallState(identity=True), REVOKED, {}, "was revoked at the controller"),
-        (InstallState(marker=MARKER_DONE, identity=True), ENROLLED, {"node_name": "gpu-2"},
-         "already installed as node 'gpu-1'"),
+        (
+            InstallState(marker=MARKER_DONE, identity=True),
+            ENROLLED,
+            {"node_name": "gpu-2"},
+            "already installed as node 'gpu-1'",
+        ),
         (InstallState(identity=True), ENROLLED, {"environment": "prod"}, "does not change environment"),
         (InstallState(identity=True), ENROLLED, {"role": "control-plane"}, "does not change environment"),
     ],
-)  # fmt: skip
+)
 def test_conflicts_are_refused_even_with_force(
     state: InstallState, node: NodeView | None, kw: dict[str, Any], message: str
 ) -> None:

@@ -49,10 +49,13 @@ def test_summary_has_a_row_per_machine() -> None:
     facts = HostFacts(os_pretty="Rocky Linux 9.4", arch="arm64", nvidia_gpu=True, python_version="3.9.18")
     detected = DetectedHost(facts, pythons=(Python("/usr/bin/python3.11", (3, 11, 7), "glibc", (2, 34)),))
     out = io.StringIO()
-    summary([
-        Result("root@a", "gpu-1", Outcome.INSTALLED, "enrolled", 12.34, detected),
-        Result("ssm:i-1", "", Outcome.FAILED, "cannot reach", 0.5),
-    ], out)  # fmt: skip
+    summary(
+        [
+            Result("root@a", "gpu-1", Outcome.INSTALLED, "enrolled", 12.34, detected),
+            Result("ssm:i-1", "", Outcome.FAILED, "cannot reach", 0.5),
+        ],
+        out,
+    )
     rows = out.getvalue().splitlines()
     assert rows[0].split() == [
         "NODE",
