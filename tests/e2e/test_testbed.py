@@ -282,6 +282,7 @@ def test_reboot_keeps_identity_and_disk(bed: Testbed) -> None:
         "node1", "cat /root/reboot-marker; hostname; cat /etc/machine-id; systemctl is-system-running --wait"
     )
     assert out.stdout.split() == ["kept", "node1", before["machine_id"], "running"]
+    assert bed.ssh("node1", "grep -c ' node1$' /etc/hosts").stdout.strip() == "1"
     boots = bed.ssh("node1", "journalctl --list-boots --no-pager | wc -l").stdout.strip()
     assert int(boots) == int(boot_before) + 1
 

@@ -59,6 +59,8 @@ def allocate(state_dir: Path) -> int:
                 continue
             if bridge_name(slot) in links or any(subnet(slot).overlaps(n) for n in used):
                 continue
+            if any(link.startswith(host_veth(f"tb{slot}n")) for link in links):  # a node left from an old run
+                continue
             record.write_text(json.dumps({"state_dir": str(state_dir.resolve()), "pid": os.getpid()}))
             create_bridge(slot)
             return slot

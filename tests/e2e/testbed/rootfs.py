@@ -67,7 +67,8 @@ ConditionPathIsDirectory=/etc/tether-testbed
 Type=oneshot
 RemainAfterExit=yes
 ExecStart=/bin/sh -ec '[ ! -s /etc/tether-testbed/chpasswd ] || chpasswd -e < /etc/tether-testbed/chpasswd; \
-[ ! -s /etc/tether-testbed/hosts ] || cat /etc/tether-testbed/hosts >> /etc/hosts'
+[ ! -s /etc/tether-testbed/hosts ] || grep -qxF "# tether testbed nodes" /etc/hosts || \
+cat /etc/tether-testbed/hosts >> /etc/hosts'
 
 [Install]
 WantedBy=multi-user.target

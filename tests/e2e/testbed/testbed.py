@@ -464,12 +464,12 @@ def down_dir(state_dir: Path) -> list[str]:
         subprocess.run(
             ["gpgconf", "--homedir", str(gnupg), "--kill", "all"], capture_output=True, check=False
         )
+    if problems:  # keep the slot reserved: what is left still uses its names
+        log.info("down left: " + "; ".join(problems))
+        return problems
     if "slot" in st.data:
         network.release(st["slot"], state_dir)
     _release_orphan_slots(state_dir)
-    if problems:
-        log.info("down left: " + "; ".join(problems))
-        return problems
     for sub in ("nodes", "www", "gnupg", "common"):
         with contextlib.suppress(FileNotFoundError):
             shutil.rmtree(state_dir / sub)
