@@ -33,7 +33,10 @@ def wait_for(fn: Callable[[], T], timeout: float = 30.0, interval: float = 0.2, 
 
 
 class Controller:
-    def __init__(self, workdir: Path) -> None:
+    """``tether-controller serve`` on ``host`` (loopback; the e2e tier uses a testbed bridge) and a free port."""
+
+    def __init__(self, workdir: Path, host: str = "127.0.0.1") -> None:
+        self.host = host
         self.data_dir = workdir / "controller"
         self.log_path = workdir / "controller.log"
         self.proc: subprocess.Popen[str] | None = None
@@ -45,7 +48,7 @@ class Controller:
         return self.data_dir / "admin.conf"
 
     def start(self, port: int | None = None) -> None:
-        listen = f"127.0.0.1:{port if port is not None else (self.port or 0)}"
+        listen = f"{self.host}:{port if port is not None else (self.port or 0)}"
         with self.log_path.open("a") as log:
             self.proc = subprocess.Popen(
                 [
