@@ -107,7 +107,15 @@ class BaseRecipe:
         "less",
     )
     # Real Debian packages served by the local apt repo (downloaded with the dependencies the rootfs lacks).
-    repo_packages: tuple[str, ...] = ("containerd", "runc", "iptables", "conntrack", "socat", "ebtables")
+    repo_packages: tuple[str, ...] = (
+        "containerd",
+        "runc",
+        "iptables",
+        "conntrack",
+        "socat",
+        "ebtables",
+        "ethtool",
+    )
 
 
 @dataclasses.dataclass(frozen=True)
