@@ -114,3 +114,41 @@ async def test_the_node_downloads_it_and_refuses_a_tampered_copy(bundle: AgentBu
             await asyncio.to_thread(urllib.request.urlopen, url.replace(bundle.sha256, wrong), timeout=10)
         assert err.value.code == 404
         err.value.close()
+
+
+async def test_an_s3_presigned_url_delivers_it_uploaded_once(bundle: AgentBundle, tmp_path: Path) -> None:
+    """S3 here is moto's server on 127.0.0.1; the node-side program downloads through the presigned URL."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    from bootstrap.delivery import S3Presigned
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        s3 = boto3.client(
+            "s3",
+            region_name="us-east-1",
+            endpoint_url=f"http://{host}:{port}",
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+        )
+        s3.create_bucket(Bucket="artifacts")
+        delivery = S3Presigned("s3://artifacts/tether/agents", s3)
+        url = await delivery.url(bundle)
+        assert "Signature=" in url and f"tether/agents/tether-agent-{bundle.sha256}.tar.gz" in url
+        uploaded = s3.head_object(
+            Bucket="artifacts", Key=f"tether/agents/tether-agent-{bundle.sha256}.tar.gz"
+        )
+        assert await delivery.url(bundle)  # a second node: presigned again, not uploaded again
+        again = s3.head_object(Bucket="artifacts", Key=f"tether/agents/tether-agent-{bundle.sha256}.tar.gz")
+        assert again["LastModified"] == uploaded["LastModified"]
+        agents = tmp_path / "agent"
+        out = await asyncio.to_thread(
+            unpack, sys.executable, tmp_path / "cache/a.tar.gz", bundle.sha256, agents, bundle.bundle_id, url
+        )
+        assert out.returncode == 0, out.stderr
+        assert (agents / "current/launch.py").exists()
+    finally:
+        server.stop()
