@@ -40,6 +40,7 @@ from nodeagent.secrets import Redactor
 log = logs.get_logger("tether.controller.cluster")
 
 REFRESH_RETRY_S = 90.0
+LABEL_RETRY_S = 60.0
 LABEL_TASK_PREFIX = "task:label-"
 
 
@@ -75,6 +76,7 @@ class Orchestrator:
         self._envs: dict[str, _EnvState] = {}
         self._material: dict[str, JoinMaterial] = {}
         self._specs: dict[tuple[str, int], ClusterSpec | None] = {}
+        self._labelling: dict[str, float] = {}  # node -> when its label task was sent
 
     # -- spec and placement -------------------------------------------------------------------
 
@@ -314,6 +316,7 @@ class Orchestrator:
                 self._label_pending(node.environment)
             elif e.step.startswith(LABEL_TASK_PREFIX) and e.kind is EventKind.SUCCEEDED:
                 target = e.step.removeprefix(LABEL_TASK_PREFIX)
+                self._labelling.pop(target, None)
                 await self._store.kv_put(
                     _key(node.environment, f"labelled/{target}"),
                     self._labels_digest(node.environment, target).encode(),
@@ -341,6 +344,9 @@ class Orchestrator:
             done = self._store.kv_get(_key(env, f"labelled/{n.name}"))
             if done is not None and done.decode() == self._labels_digest(env, n.name):
                 continue
+            if time.monotonic() - self._labelling.get(n.name, -LABEL_RETRY_S) < LABEL_RETRY_S:
+                continue  # a label task for it is in flight
+            self._labelling[n.name] = time.monotonic()
             control_plane = n.role == Role.CONTROL_PLANE.value
             pool = spec.control_plane if control_plane else spec.workers
             step = label_task(

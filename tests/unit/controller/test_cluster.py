@@ -305,3 +305,16 @@ async def test_joined_nodes_are_labelled_once_by_a_control_plane(cluster: Cluste
     await cluster.succeed("cp-1", "task:label-cp-1", 3)
     await cluster.orch.on_connect(cp1)
     assert [msg for msg in cluster.sent("cp-1") if msg.WhichOneof("kind") == "command"] == []
+
+
+async def test_label_tasks_are_not_sent_twice_while_one_is_in_flight(cluster: Cluster) -> None:
+    cp1 = await cluster.node("cp-1", "control-plane")
+    await cluster.orch.secrets_received(cp1, INIT_STEP, OUTPUTS, "")
+    await cluster.succeed("cp-1", INIT_STEP, 1)
+    await cluster.node("w-1", "worker")
+    await cluster.succeed("w-1", JOIN_STEP, 1)
+    await cluster.orch.on_connect(cp1)
+    names = [
+        msg.command.task.step.name for msg in cluster.sent("cp-1") if msg.WhichOneof("kind") == "command"
+    ]
+    assert sorted(names) == ["label-cp-1", "label-w-1"]
