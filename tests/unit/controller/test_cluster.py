@@ -295,7 +295,6 @@ async def test_joined_nodes_are_labelled_once_by_a_control_plane(cluster: Cluste
     await cluster.orch.secrets_received(cp1, INIT_STEP, OUTPUTS, "")
     await cluster.succeed("cp-1", INIT_STEP, 1)
     await cluster.node("w-1", "worker")
-    cluster.sent("cp-1")
     await cluster.succeed("w-1", JOIN_STEP, 1)
     tasks = [msg.command.task.step for msg in cluster.sent("cp-1") if msg.WhichOneof("kind") == "command"]
     by_name = {t.name: dict(t.env) for t in tasks}
