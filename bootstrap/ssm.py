@@ -200,6 +200,7 @@ class SsmTransport(Transport):
         tmp = shlex.quote(f"{path}.tether-part")
         directory_umask = "077" if mode & 0o077 == 0 else "022"
         chunks = [data[i : i + CHUNK] for i in range(0, len(data), CHUNK)] or [b""]
+        finish = f"chmod {mode:o} {tmp}; chown 0:0 {tmp}; mv -f {tmp} {q}"
         for index, chunk in enumerate(chunks):
             redirect = ">" if index == 0 else ">>"
             encoded = base64.b64encode(chunk).decode()
@@ -208,10 +209,10 @@ class SsmTransport(Transport):
                 if index == 0
                 else "umask 077; "
             )
+            last = f"; {finish}" if index == len(chunks) - 1 else ""  # one command for a small file
             await self.check(
-                f"writing {path}", f"set -e; {prefix}printf %s '{encoded}' | base64 -d {redirect} {tmp}"
+                f"writing {path}", f"set -e; {prefix}printf %s '{encoded}' | base64 -d {redirect} {tmp}{last}"
             )
-        await self.check(f"writing {path}", f"set -e; chmod {mode:o} {tmp}; chown 0:0 {tmp}; mv -f {tmp} {q}")
 
     async def close(self) -> None:
         return None
