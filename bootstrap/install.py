@@ -11,6 +11,7 @@ step through the ``EventSink``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import shlex
 import time
@@ -122,7 +123,10 @@ async def adopt(
     if request.node_name:  # known up front: name the machine in every event and in the result
         run.node_name = run.reporter.node = request.node_name.strip().lower()
     try:
-        Role.parse(request.role)
+        try:
+            Role.parse(request.role)
+        except ValueError as exc:
+            raise BootstrapError(str(exc), target=target) from None
         async with run.reporter.step(Step.CONNECT, f"connecting to {target}") as h:
             run.transport = await opener()
             learned = getattr(run.transport, "learned_host_key", "")
@@ -216,7 +220,7 @@ async def _agent(run: _Run, bundles: BundleSource, delivery: Delivery) -> None:
     assert run.python is not None
     assert run.detected is not None
     assert run.decision is not None
-    t, layout, request, python = run.t, run.layout, run.request, run.python
+    request, python = run.request, run.python
     reinstall = run.decision.action is Action.REINSTALL
     async with run.reporter.step(Step.AGENT, "installing the agent") as h:
         glibc = run.detected.glibc or (2, 17)
@@ -242,79 +246,92 @@ async def _agent(run: _Run, bundles: BundleSource, delivery: Delivery) -> None:
             run.reporter.info(
                 Step.AGENT, f"single-use join token {token.token_id} created for node {run.node_name}"
             )
-        ca_hash = token.ca_hash if token else str((run.detected.install.marker or {}).get("ca_hash", ""))
-        # Intent first: a later run knows an install was under way (and which token to revoke).
-        await t.write_file(layout.marker, _marker(run, INSTALLING, bundle, token, ca_hash), mode=0o600)
-
-        bundle_dir = layout.bundle_dir(bundle.bundle_id)
-        # --force delivers and unpacks the bundle again even when the same one is there.
-        present = (
-            not request.force
-            and (await t.run(f"test -f {shlex.quote(bundle_dir + '/BUNDLE.json')}", timeout=30)).ok
-        )
-        url = ""
-        if not present:
-            url = await delivery.url(bundle)
-            if not url:
-                if not t.confidential_input:
-                    raise BundleError(
-                        f"{t.target} cannot receive the agent bundle through {t.kind}: it has to download it "
-                        "(--bundle-s3 s3://BUCKET/PREFIX, --serve-bundle HOST:PORT, or --via-controller)"
-                    )
-                await t.write_file(
-                    layout.archive(bundle.sha256), await asyncio.to_thread(bundle.path.read_bytes), mode=0o600
-                )
-                run.reporter.info(Step.AGENT, f"bundle uploaded ({bundle.size / 1e6:.1f} MB)")
-            else:
-                run.reporter.info(Step.AGENT, f"the node downloads the bundle ({delivery.description})")
-        await t.check(
-            "unpacking the agent bundle",
-            nodescripts.command(
-                python.path,
-                nodescripts.UNPACK,
-                layout.archive(bundle.sha256),
-                bundle.sha256,
-                layout.agents_dir,
-                bundle.bundle_id,
-                url,
-                "0" if present else "1",
-            ),
-            timeout=900,
-        )
-        await t.write_file(layout.launcher, launcher(layout, python.path), mode=0o755)
-        version = await t.check("running the agent", f"{shlex.quote(layout.launcher)} version", timeout=120)
-        run.reporter.info(
-            Step.AGENT,
-            f"bundle {bundle.bundle_id} verified and unpacked; agent {version.stdout.strip()} runs",
-        )
-
-        config = agent_config(
-            layout,
-            controller=request.controller,
-            ca_hash=ca_hash,
-            node_name=run.node_name,
-            environment=request.environment,
-            role=Role.parse(request.role).value,
-        )
-        await t.write_file(layout.config, config, mode=0o600)
-        if token is not None:
-            await write_secret(
-                t, layout.token, token.token, python=python.path, lib_dir=f"{layout.current}/lib"
-            )
-            run.reporter.info(Step.AGENT, f"wrote {layout.config} and {layout.token} (0600, root)")
-        else:
-            run.reporter.info(
-                Step.AGENT, f"wrote {layout.config} (0600, root); identity kept, no join token needed"
-            )
-        await t.write_file(layout.unit, unit_text(layout).encode(), mode=0o644)
-        unit = shlex.quote(UNIT_NAME)
-        await t.check(
-            f"enabling {UNIT_NAME}",
-            f"systemctl daemon-reload && systemctl reset-failed {unit} 2>/dev/null; "
-            f"systemctl enable --quiet {unit} && systemctl restart --no-block {unit}",
-            timeout=120,
-        )
+        ca_hash = token.ca_hash if token else run.registry.ca_hash
+        try:
+            await _install(run, bundle, delivery, token, ca_hash, reinstall)
+        except BaseException:
+            if token is not None:  # the agent never started: the token must not outlive the attempt
+                with contextlib.suppress(Exception):
+                    await run.registry.revoke_token(token.token_id)
+            raise
         h.done(f"{UNIT_NAME} enabled and {'restarted' if reinstall else 'started'}")
+
+
+async def _install(
+    run: _Run, bundle: AgentBundle, delivery: Delivery, token: JoinToken | None, ca_hash: str, reinstall: bool
+) -> None:
+    """Everything of the agent step that changes the machine, up to starting the unit."""
+    assert run.python is not None
+    t, layout, request, python = run.t, run.layout, run.request, run.python
+    # Intent first: a later run knows an install was under way (and which token to revoke).
+    await t.write_file(layout.marker, _marker(run, INSTALLING, bundle, token, ca_hash), mode=0o600)
+
+    bundle_dir = layout.bundle_dir(bundle.bundle_id)
+    # --force delivers and unpacks the bundle again even when the same one is there.
+    present = (
+        not request.force
+        and (await t.run(f"test -f {shlex.quote(bundle_dir + '/BUNDLE.json')}", timeout=30)).ok
+    )
+    url = ""
+    if not present:
+        url = await delivery.url(bundle)
+        if not url:
+            if not t.confidential_input:
+                raise BundleError(
+                    f"{t.target} cannot receive the agent bundle through {t.kind}: it has to download it "
+                    "(--bundle-s3 s3://BUCKET/PREFIX, --serve-bundle HOST:PORT, or --via-controller)"
+                )
+            await t.write_file(
+                layout.archive(bundle.sha256), await asyncio.to_thread(bundle.path.read_bytes), mode=0o600
+            )
+            run.reporter.info(Step.AGENT, f"bundle uploaded ({bundle.size / 1e6:.1f} MB)")
+        else:
+            run.reporter.info(Step.AGENT, f"the node downloads the bundle ({delivery.description})")
+    await t.check(
+        "unpacking the agent bundle",
+        nodescripts.command(
+            python.path,
+            nodescripts.UNPACK,
+            layout.archive(bundle.sha256),
+            bundle.sha256,
+            layout.agents_dir,
+            bundle.bundle_id,
+            url,
+            "0" if present else "1",
+        ),
+        timeout=900,
+    )
+    await t.write_file(layout.launcher, launcher(layout, python.path), mode=0o755)
+    version = await t.check("running the agent", f"{shlex.quote(layout.launcher)} version", timeout=120)
+    run.reporter.info(
+        Step.AGENT,
+        f"bundle {bundle.bundle_id} verified and unpacked; agent {version.stdout.strip()} runs",
+    )
+
+    config = agent_config(
+        layout,
+        controller=request.controller,
+        ca_hash=ca_hash,
+        node_name=run.node_name,
+        environment=request.environment,
+        role=Role.parse(request.role).value,
+    )
+    await t.write_file(layout.config, config, mode=0o600)
+    if token is not None:
+        await write_secret(t, layout.token, token.token, python=python.path, lib_dir=f"{layout.current}/lib")
+        run.reporter.info(Step.AGENT, f"wrote {layout.config} and {layout.token} (0600, root)")
+    else:
+        run.reporter.info(
+            Step.AGENT, f"wrote {layout.config} (0600, root); identity kept, no join token needed"
+        )
+    await t.write_file(layout.unit, unit_text(layout).encode(), mode=0o644)
+    unit = shlex.quote(UNIT_NAME)
+    await t.check(
+        f"enabling {UNIT_NAME}",
+        f"systemctl daemon-reload && systemctl reset-failed {unit} 2>/dev/null; "
+        f"systemctl enable --quiet {unit} && systemctl restart --no-block {unit}",
+        timeout=120,
+    )
 
 
 async def _verify(run: _Run) -> str:

@@ -33,6 +33,8 @@ class JoinToken:
 
 
 class Registry(Protocol):
+    ca_hash: str  # sha256:... of the controller CA: what agents pin
+
     async def get_node(self, name: str) -> NodeView | None:
         """The node's record, or None when the controller has never enrolled it."""
 

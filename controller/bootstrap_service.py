@@ -57,6 +57,7 @@ class StoreRegistry:
     def __init__(self, app: App, who: str) -> None:
         self.app = app
         self.who = who
+        self.ca_hash = app.ca.ca_hash
 
     async def get_node(self, name: str) -> NodeView | None:
         node = self.app.store.get_node(name)

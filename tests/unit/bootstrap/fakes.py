@@ -35,6 +35,7 @@ class FakeRegistry:
     tokens: dict[str, tuple[str, str, bool]] = field(default_factory=dict)  # id -> (secret, node, used)
     revoked: list[str] = field(default_factory=list)
     created: list[str] = field(default_factory=list)
+    ca_hash: str = CA_HASH
 
     async def get_node(self, name: str) -> NodeView | None:
         return self.nodes.get(name)
@@ -84,6 +85,7 @@ class FakeMachine:
     files: dict[str, tuple[bytes, int]] = field(default_factory=dict)
     unit_active: str = "inactive"
     agent_enrolls: bool = True  # the started agent manages to enroll
+    unpack_fails: bool = False  # the node refuses the bundle (a checksum mismatch)
     registry: FakeRegistry | None = None
     changes: list[str] = field(default_factory=list)
     commands: list[str] = field(default_factory=list)
@@ -180,6 +182,8 @@ class FakeTransport(Transport):
         if command.startswith("test -f "):
             return ok if m.has(shlex.split(command)[2]) else CommandResult(1, "", "")
         if "import compileall" in command:
+            if m.unpack_fails:
+                return CommandResult(1, "", "agent bundle checksum mismatch: expected a, got b\n")
             args = shlex.split(command)
             agents, bundle_id = args[-4], args[-3]
             m.files[f"{agents}/{bundle_id}/BUNDLE.json"] = (b"{}", 0o644)

@@ -328,3 +328,23 @@ async def test_unknown_environment_fails_before_any_change(tmp_path: Path) -> No
     assert result.outcome is Outcome.FAILED
     assert "environment 'nope' not found" in result.message
     assert machine.changes == []
+
+
+async def test_a_failure_before_the_agent_starts_revokes_the_new_token(tmp_path: Path) -> None:
+    machine, registry = FakeMachine(unpack_fails=True), FakeRegistry()
+    result, events = await run(machine, registry, tmp_path)
+    assert result.outcome is Outcome.FAILED
+    assert "unpacking the agent bundle failed (exit 1): agent bundle checksum mismatch" in result.message
+    assert registry.revoked == registry.created
+    assert ("agent", "failed") in events.steps()
+    assert machine.unit_active == "inactive"
+    assert not machine.has(LAYOUT.token)
+
+
+async def test_a_reinstall_pins_the_controller_ca_from_the_registry(tmp_path: Path) -> None:
+    machine, registry = FakeMachine(), FakeRegistry()
+    await run(machine, registry, tmp_path)
+    machine.files.pop(LAYOUT.marker)  # an agent some other tool installed: no marker to read from
+    result, _ = await run(machine, registry, tmp_path, force=True)
+    assert result.outcome is Outcome.REINSTALLED, result.message
+    assert f"ca_hash: {registry.ca_hash}" in machine.text(LAYOUT.config)
