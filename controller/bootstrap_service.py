@@ -114,7 +114,7 @@ def _builder(app: App) -> BundleBuilder:
     return _builders[cache]
 
 
-def _ssh_opener(app: App, target: Any, redactor: Redactor) -> tuple[str, Opener]:
+def _ssh_opener(app: App, target: Any, redactor: Redactor) -> tuple[str, Opener, list[Secret]]:
     if not target.host:
         raise InvalidArgument("ssh.host is required")
     credentials = ssh.SshCredentials(
@@ -124,7 +124,7 @@ def _ssh_opener(app: App, target: Any, redactor: Redactor) -> tuple[str, Opener]
     )
     for secret in credentials.secrets():
         redactor.add(secret)
-        PROCESS_REDACTOR.add(secret)
+        PROCESS_REDACTOR.add(secret)  # dropped again when the call ends (run's finally)
     user = target.user or "root"
     try:
         endpoint = ssh.SshEndpoint(target.host, target.port or ssh.DEFAULT_PORT, user)
@@ -142,7 +142,7 @@ def _ssh_opener(app: App, target: Any, redactor: Redactor) -> tuple[str, Opener]
     async def opener() -> Transport:
         return await ssh.connect(ssh_target)
 
-    return str(ssh_target), opener
+    return str(ssh_target), opener, list(credentials.secrets())
 
 
 def _ssm_opener(target: Any) -> tuple[str, Opener]:
@@ -187,9 +187,10 @@ async def run(app: App, request: Any, who: str) -> AsyncIterator[Any]:
     except ValueError as exc:
         raise InvalidArgument(str(exc)) from None
     redactor = Redactor()
+    held: list[Secret] = []
     kind = request.WhichOneof("target")
     if kind == "ssh":
-        label, opener = _ssh_opener(app, request.ssh, redactor)
+        label, opener, held = _ssh_opener(app, request.ssh, redactor)
     elif kind == "ssm":
         label, opener = _ssm_opener(request.ssm)
     else:
@@ -257,3 +258,4 @@ async def run(app: App, request: Any, who: str) -> AsyncIterator[Any]:
                 task.cancel()  # the client went away: stop, and close the connection to the machine
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
+            PROCESS_REDACTOR.discard(*held)  # the credentials lived for this call only

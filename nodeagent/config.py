@@ -66,6 +66,11 @@ def load(path: Path | None, overrides: Mapping[str, Any], env: Mapping[str, str]
             raise ConfigError(f"{path}: cannot read config: {exc}") from exc
         if not isinstance(doc, dict):
             raise ConfigError(f"{path}: expected a mapping of settings")
+        if doc.get("token"):
+            try:
+                read_private(path)  # a file holding a join token must be 0600 and ours
+            except Exception as exc:
+                problems.append(f"{path}: holds a join token, so {exc}")
         for key in sorted(set(doc) - KNOWN_KEYS):
             problems.append(f"{path}: unknown setting {key!r}")
         values.update({k: v for k, v in doc.items() if k in KNOWN_KEYS})

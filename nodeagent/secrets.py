@@ -53,28 +53,54 @@ class Redactor:
 
     def __init__(self, values: Iterable[str] = ()) -> None:
         self._lock = threading.Lock()
-        self._values: set[str] = set()
+        self._counts: dict[str, int] = {}
         self._pattern: re.Pattern[str] | None = None
         self.add(*values)
 
-    def add(self, *values: str | Secret) -> None:
-        new: set[str] = set()
+    @staticmethod
+    def _forms(values: Iterable[str | Secret]) -> list[str]:
+        out: list[str] = []
         for v in values:
             raw = v.reveal() if isinstance(v, Secret) else v
             if not raw or len(raw) < MIN_SECRET_LEN:
                 continue
-            new.add(raw)
+            out.append(raw)
             # A join token "id.secret" must not leak by halves either.
             if "." in raw:
-                new.update(p for p in raw.split(".") if len(p) >= 12)
+                out.extend(p for p in raw.split(".") if len(p) >= 12)
+        return out
+
+    def add(self, *values: str | Secret) -> None:
+        """Mask these values from now on (each add is matched by at most one ``discard``)."""
+        forms = self._forms(values)
         with self._lock:
-            if new - self._values:
-                self._values |= new
-                ordered = sorted(self._values, key=len, reverse=True)
-                self._pattern = re.compile("|".join(re.escape(s) for s in ordered))
+            fresh = [f for f in forms if f not in self._counts]
+            for f in forms:
+                self._counts[f] = self._counts.get(f, 0) + 1
+            if fresh:
+                self._rebuild()
+
+    def discard(self, *values: str | Secret) -> None:
+        """Forget values added for one call only (e.g. the SSH password of one bootstrap)."""
+        forms = self._forms(values)
+        with self._lock:
+            gone = False
+            for f in forms:
+                n = self._counts.get(f, 0) - 1
+                if n <= 0:
+                    gone = gone or f in self._counts
+                    self._counts.pop(f, None)
+                else:
+                    self._counts[f] = n
+            if gone:
+                self._rebuild()
+
+    def _rebuild(self) -> None:
+        ordered = sorted(self._counts, key=len, reverse=True)
+        self._pattern = re.compile("|".join(re.escape(s) for s in ordered)) if ordered else None
 
     def __len__(self) -> int:
-        return len(self._values)
+        return len(self._counts)
 
     def __bool__(self) -> bool:
         # A redactor is an object to call, not a collection to test for emptiness.

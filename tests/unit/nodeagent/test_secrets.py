@@ -52,3 +52,17 @@ def test_known_secret_shapes_are_masked_even_unknown() -> None:
     assert "abcdef.0123456789abcdef" not in out
     assert "b" * 64 not in out
     assert "sha256:" + "a" * 64 in out  # the CA hash is public
+
+
+def test_discard_forgets_a_value_added_for_one_call_only() -> None:
+    r = Redactor()
+    r.add("password-of-call-one")
+    r.add("shared-secret-value")
+    r.add("shared-secret-value")  # a second holder
+    r.discard("password-of-call-one", "shared-secret-value")
+    assert r.redact("password-of-call-one") == "password-of-call-one"
+    assert r.redact("shared-secret-value") == MASK  # still held once
+    r.discard("shared-secret-value")
+    assert r.redact("shared-secret-value") == "shared-secret-value"
+    r.discard("never-added-value")
+    assert len(r) == 0
