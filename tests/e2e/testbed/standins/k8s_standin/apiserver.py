@@ -25,7 +25,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from k8s_standin import VERSION, common
+from k8s_standin import VERSION, common, objects
 from k8s_standin.common import PKI, STATE_DIR, Api, Unreachable
 
 STATE_FILE = STATE_DIR / "cluster.json"
@@ -252,8 +252,8 @@ class Handler(BaseHTTPRequestHandler):
         app = self.server.app
         if path in ("/healthz", "/readyz", "/livez"):
             return self.reply(200, "ok")
-        if path == "/version":
-            return self.reply(200, version_info())
+        if path == "/version":  # indented, as the API server writes it
+            return self.reply(200, (json.dumps(version_info(), indent=2) + "\n").encode())
         ident = self.identity()
         if path.startswith("/standin/v1/peer/"):
             if not ident.get("via_peer"):
@@ -294,6 +294,10 @@ class Handler(BaseHTTPRequestHandler):
         app = self.server.app
         store = app.store
         store.expire_old()
+        now = time.time()
+        with store.lock:  # the emulated operators (see objects.py)
+            if objects.reconcile(store.data, self.node_list(), now):
+                app.changed()
         kind = ident.get("kind")
         parts = path.strip("/").split("/")
         if path == "/api/v1/namespaces/kube-public/configmaps/cluster-info" and method == "GET":
@@ -376,7 +380,78 @@ class Handler(BaseHTTPRequestHandler):
         if path == "/standin/v1/state" and method == "GET":
             with store.lock:
                 return self.reply(200, public_state(store.data))
+        if path == "/standin/v1/apply" and method == "POST":
+            req = self.body()
+            with store.lock:
+                results = objects.apply(
+                    store.data, req.get("objects") or [], req.get("namespace") or "default", now
+                )
+                app.changed()
+            return self.reply(200, {"results": results})
+        with store.lock:
+            found = objects.route(path, objects.resources(store.data))
+        if found is not None:
+            return self.objects_api(method, *found)
         return self.status(404, "NotFound", f"the server could not find the requested resource ({path})")
+
+    def node_list(self) -> list[dict[str, Any]]:
+        store = self.server.app.store
+        with store.lock:
+            return [node_object(n) for _, n in sorted(store.data["nodes"].items())]
+
+    def objects_api(self, method: str, res: objects.Resource, namespace: str, name: str) -> None:
+        """Namespaces, configmaps, deployments, daemonsets, CRDs, custom resources (admin only)."""
+        app = self.server.app
+        store = app.store
+        now = time.time()
+        query = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)
+        try:
+            with store.lock:
+                if method == "GET" and name:
+                    obj = objects.get(store.data, res, namespace, name)
+                    if obj is None:
+                        raise objects.not_found(res, name)
+                    return self.reply(200, objects.render(store.data, obj, self.node_list(), now))
+                if method == "GET":
+                    items = objects.list_objects(store.data, res, namespace)
+                    selector = (query.get("labelSelector") or [""])[0]
+                    nodes = self.node_list()
+                    rendered = [objects.render(store.data, o, nodes, now) for o in items]
+                    rendered = [o for o in rendered if selected(o, selector)]
+                    return self.reply(
+                        200,
+                        {
+                            "apiVersion": res.api_version,
+                            "kind": f"{res.kind}List",
+                            "items": rendered,
+                            "metadata": {"resourceVersion": str(store.data.get("revision", 1))},
+                        },
+                    )
+                if method == "POST" and not name:
+                    body = self.body()
+                    body.setdefault("metadata", {})
+                    if res.namespaced:
+                        body["metadata"]["namespace"] = namespace
+                    key = body["metadata"].get("name", "")
+                    if objects.get(store.data, res, namespace, key) is not None:
+                        raise objects.ApiProblem(
+                            409, "AlreadyExists", f'{res.qualified} "{key}" already exists'
+                        )
+                    obj, _ = objects.put(store.data, res, body, now)
+                    app.changed()
+                    return self.reply(201, objects.render(store.data, obj, self.node_list(), now))
+                if method == "PATCH" and name:
+                    ctype = self.headers.get("Content-Type", "application/merge-patch+json")
+                    obj = objects.patch(store.data, res, namespace, name, self.body(), ctype, now)
+                    app.changed()
+                    return self.reply(200, objects.render(store.data, obj, self.node_list(), now))
+                if method == "DELETE" and name:
+                    objects.delete(store.data, res, namespace, name)
+                    app.changed()
+                    return self.reply(200, {"kind": "Status", "apiVersion": "v1", "status": "Success"})
+        except objects.ApiProblem as exc:
+            return self.status(exc.code, exc.reason, exc.message)
+        return self.status(405, "MethodNotAllowed", f"{method} is not supported on {self.path}")
 
     def tls_bootstrap(self, ident: dict[str, Any]) -> None:
         """Sign a kubelet client CSR for a valid bootstrap token (kubeadm join's TLS bootstrap)."""
@@ -509,6 +584,26 @@ class TLSServer(ThreadingHTTPServer):
         except (OSError, ssl.SSLError):
             return
         super().finish_request(request, client_address)
+
+
+def selected(obj: dict[str, Any], selector: str) -> bool:
+    """Equality-based label selectors (``a=b,c!=d,e``)."""
+    labels = obj.get("metadata", {}).get("labels") or {}
+    for term in filter(None, (t.strip() for t in selector.split(","))):
+        if "!=" in term:
+            k, v = term.split("!=", 1)
+            if labels.get(k) == v:
+                return False
+        elif "=" in term:
+            k, v = term.split("=", 1)
+            if labels.get(k.rstrip("=")) != v:
+                return False
+        elif term.startswith("!"):
+            if term[1:] in labels:
+                return False
+        elif term not in labels:
+            return False
+    return True
 
 
 def version_info() -> dict[str, str]:

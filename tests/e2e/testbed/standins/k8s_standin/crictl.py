@@ -29,7 +29,7 @@ def endpoint(argv: list[str]) -> str:
 def main(argv: list[str]) -> int:
     words = [a for a in argv if not a.startswith("-")]
     if "--version" in argv:
-        print("crictl version v1.31.1 (tether test fixture stand-in)")
+        print("crictl version v1.31.1")
         return 0
     ep = endpoint(argv)
     try:

@@ -16,6 +16,7 @@ from typing import Any
 
 from k8s_standin import common
 from k8s_standin.kubeadm_admin import (
+    cmd_config_images,
     cmd_reset,
     cmd_token_create,
     cmd_token_delete,
@@ -153,6 +154,20 @@ def build_parser() -> argparse.ArgumentParser:
     certs_sub = certs.add_subparsers(dest="certs_cmd", required=True, parser_class=Parser)
     certkey = certs_sub.add_parser("certificate-key")
     certkey.set_defaults(func=lambda a: print(secrets.token_hex(32)))
+
+    cfg = sub.add_parser("config")
+    cfg_sub = cfg.add_subparsers(dest="config_cmd", required=True, parser_class=Parser)
+    images = cfg_sub.add_parser("images")
+    images_sub = images.add_subparsers(dest="images_cmd", required=True, parser_class=Parser)
+    for action in ("pull", "list"):
+        p = images_sub.add_parser(action)
+        p.add_argument("--config")
+        p.add_argument("--kubernetes-version")
+        p.add_argument("--image-repository")
+        p.add_argument("--cri-socket")
+        p.add_argument("--output", "-o", default="text")
+        p.add_argument("--v", "-v", dest="verbosity")
+        p.set_defaults(func=cmd_config_images, action=action)
 
     version = sub.add_parser("version")
     version.add_argument("--output", "-o", default="")

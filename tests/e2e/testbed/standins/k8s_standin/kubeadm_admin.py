@@ -16,7 +16,15 @@ from typing import Any
 
 from k8s_standin import VERSION, common, miniyaml
 from k8s_standin.common import KUBE, KUBELET_DIR, PKI, STATE_DIR, ApiError, Unreachable
-from k8s_standin.kubeadm_base import ADMIN_CONF, APISERVER_UNIT, Failure, parse_duration
+from k8s_standin.kubeadm_base import (
+    ADMIN_CONF,
+    APISERVER_UNIT,
+    Failure,
+    base_checks,
+    dig,
+    load_config,
+    parse_duration,
+)
 
 
 def cmd_reset(args: argparse.Namespace) -> int:
@@ -229,3 +237,35 @@ def cmd_version(args: argparse.Namespace) -> int:
         fields = ", ".join(f'{k[0].upper() + k[1:]}:"{v}"' for k, v in info.items())
         print(f"kubeadm version: &version.Info{{{fields}}}")
     return 0
+
+
+def cmd_config_images(args: argparse.Namespace) -> int:
+    """kubeadm config images list|pull: the control-plane images of the version; pull goes through the CRI
+    (the stand-in only checks that the runtime answers, and pulls nothing)."""
+    cfg = load_config(args.config)
+    ccfg, icfg = cfg.get("ClusterConfiguration", {}), cfg.get("InitConfiguration", {})
+    version = args.kubernetes_version or ccfg.get("kubernetesVersion") or VERSION
+    repo = args.image_repository or ccfg.get("imageRepository") or "registry.k8s.io"
+    images = [f"{repo}/{c}:{version}" for c in CONTROL_PLANE_IMAGES]
+    images += [f"{repo}/coredns/coredns:v1.11.3", f"{repo}/pause:3.10", f"{repo}/etcd:3.5.15-0"]
+    if args.action == "list":
+        if args.output == "json":
+            print(
+                json.dumps(
+                    {"kind": "Images", "apiVersion": "output.kubeadm.k8s.io/v1alpha3", "images": images}
+                )
+            )
+        else:
+            print("\n".join(images))
+        return 0
+    cri = args.cri_socket or dig(icfg, "nodeRegistration", "criSocket") or common.DEFAULT_CRI_SOCKET
+    error = next(e for name, e, _ in base_checks(cri) if name == "CRI")
+    if error is not None:
+        detail = error.removeprefix("container runtime is not running: ")
+        raise Failure(f"failed to create new CRI image service: {detail}")
+    for image in images:
+        print(f"[config/images] Pulled {image}")
+    return 0
+
+
+CONTROL_PLANE_IMAGES = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kube-proxy")

@@ -9,7 +9,7 @@ import secrets
 import time
 from typing import Any
 
-from k8s_standin import VERSION, common
+from k8s_standin import VERSION, common, objects
 from k8s_standin.common import PKI, STATE_DIR
 from k8s_standin.kubeadm_base import (
     ADMIN_CONF,
@@ -144,6 +144,7 @@ def cmd_init(args: argparse.Namespace) -> int:
         "certificateKey": None,
         "nodes": {},
     }
+    objects.kubeadm_addons(state, now)
     if upload:
         cert_key = cert_key or secrets.token_hex(32)
         state["certificateKey"] = {

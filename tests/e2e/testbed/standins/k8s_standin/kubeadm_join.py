@@ -97,6 +97,7 @@ def cmd_join(args: argparse.Namespace) -> int:
         ca_cert_hashes=hashes,
         cri_socket=cri,
         advertise=advertise,
+        certificate_key=common.redact(cert_key) if control_plane and cert_key else None,
     )
 
     checks = [*base_checks(cri), file_check(KUBELET_CONF), file_check(PKI / "ca.crt")]
