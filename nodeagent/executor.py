@@ -324,6 +324,7 @@ class Executor:
                         exit_code=result.exit_code,
                         observed=dict(result.observed),
                         duration_seconds=round(result.duration_seconds, 3),
+                        will_retry=not result.ok and not final,
                         plan_generation=plan.generation,
                         message=message or ("rebooting to finish the step" if reboot else ""),
                     )

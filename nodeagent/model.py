@@ -40,6 +40,7 @@ class StepState(str, enum.Enum):
 
     PENDING = "pending"
     RUNNING = "running"
+    RETRYING = "retrying"
     WAITING = "waiting"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
@@ -145,6 +146,7 @@ class Event:
     plan_generation: int = 0
     duration_seconds: float = 0.0
     node: str = ""
+    will_retry: bool = False  # FAILED, but another attempt follows
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -161,6 +163,7 @@ class Event:
             "plan_generation": self.plan_generation,
             "duration_seconds": self.duration_seconds,
             "node": self.node,
+            "will_retry": self.will_retry,
         }
 
     @staticmethod
@@ -179,6 +182,7 @@ class Event:
             plan_generation=int(doc.get("plan_generation", 0)),
             duration_seconds=float(doc.get("duration_seconds", 0.0)),
             node=str(doc.get("node", "")),
+            will_retry=bool(doc.get("will_retry", False)),
         )
 
 

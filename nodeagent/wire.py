@@ -100,6 +100,7 @@ def event_to_pb(e: Event) -> common_pb2.Event:
         plan_generation=e.plan_generation,
         duration_seconds=e.duration_seconds,
         node=e.node,
+        will_retry=e.will_retry,
     )
 
 
@@ -122,6 +123,7 @@ def event_from_pb(m: common_pb2.Event) -> Event:
         plan_generation=m.plan_generation,
         duration_seconds=m.duration_seconds,
         node=m.node,
+        will_retry=m.will_retry,
     )
 
 

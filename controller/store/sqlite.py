@@ -575,7 +575,7 @@ class SqliteStore:
 def _apply_step_events(conn: sqlite3.Connection, node: str, events: Sequence[Event]) -> None:
     updates = []
     for e in events:
-        state = _STEP_STATE_BY_KIND.get(e.kind)
+        state = "retrying" if e.kind is EventKind.FAILED and e.will_retry else _STEP_STATE_BY_KIND.get(e.kind)
         if state is None or not e.step:
             continue
         updates.append(

@@ -342,6 +342,7 @@ class Event(_message.Message):
     PLAN_GENERATION_FIELD_NUMBER: _builtins.int
     DURATION_SECONDS_FIELD_NUMBER: _builtins.int
     NODE_FIELD_NUMBER: _builtins.int
+    WILL_RETRY_FIELD_NUMBER: _builtins.int
     seq: _builtins.int
     time_ms: _builtins.int
     kind: Global___EventKind.ValueType
@@ -354,6 +355,8 @@ class Event(_message.Message):
     duration_seconds: _builtins.float
     node: _builtins.str
     """filled by the controller on admin reads"""
+    will_retry: _builtins.bool
+    """a failed attempt that the agent retries"""
     @_builtins.property
     def lines(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -376,10 +379,11 @@ class Event(_message.Message):
         plan_generation: _builtins.int = ...,
         duration_seconds: _builtins.float = ...,
         node: _builtins.str = ...,
+        will_retry: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "digest", b"digest", "duration_seconds", b"duration_seconds", "exit_code", b"exit_code", "kind", b"kind", "lines", b"lines", "message", b"message", "node", b"node", "observed", b"observed", "plan_generation", b"plan_generation", "seq", b"seq", "step", b"step", "time_ms", b"time_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "digest", b"digest", "duration_seconds", b"duration_seconds", "exit_code", b"exit_code", "kind", b"kind", "lines", b"lines", "message", b"message", "node", b"node", "observed", b"observed", "plan_generation", b"plan_generation", "seq", b"seq", "step", b"step", "time_ms", b"time_ms", "will_retry", b"will_retry"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

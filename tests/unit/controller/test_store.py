@@ -166,3 +166,16 @@ def test_database_files_are_private(tmp_path: Path) -> None:
 
     asyncio.run(go())
     assert (tmp_path / "t.db").stat().st_mode & 0o077 == 0
+
+
+async def test_a_failed_attempt_that_will_be_retried_is_retrying_not_failed(store: SqliteStore) -> None:
+    await enroll(store)
+    plan1 = Plan.build([Step(name="a", script="a")], generation=1)
+    await store.set_node_plan("n1", plan1)
+    d = plan1.steps[0].digest
+    await store.append_events(
+        "n1", [Event(kind=EventKind.FAILED, step="a", digest=d, seq=1, will_retry=True)]
+    )
+    assert store.node_steps("n1")[0].state == "retrying"
+    await store.append_events("n1", [Event(kind=EventKind.FAILED, step="a", digest=d, seq=2)])
+    assert store.node_steps("n1")[0].state == "failed"
