@@ -21,7 +21,12 @@ class GateKeeper(Protocol):
     async def gate_requested(self, node: NodeRecord, step: str, digest: str, attempt: int = 1) -> None: ...
 
     async def secrets_received(
-        self, node: NodeRecord, step: str, values: Mapping[str, str], command_id: str
+        self,
+        node: NodeRecord,
+        step: str,
+        values: Mapping[str, str],
+        command_id: str,
+        outputs: Mapping[str, str] | None = None,
     ) -> bool: ...
 
 
@@ -32,7 +37,12 @@ class NoGates:
         )
 
     async def secrets_received(
-        self, node: NodeRecord, step: str, values: Mapping[str, str], command_id: str
+        self,
+        node: NodeRecord,
+        step: str,
+        values: Mapping[str, str],
+        command_id: str,
+        outputs: Mapping[str, str] | None = None,
     ) -> bool:
         log.warning(
             "secret step outputs received but nothing expects them; dropped",

@@ -23,6 +23,7 @@ from nodeagent.statedb import StateDB
 log = logs.get_logger("tether.agent.executor")
 
 GateWaiter = Callable[[Step, int], Awaitable[Mapping[str, str]]]  # (step, attempt) -> secret env
+SecretsSink = Callable[[str, Mapping[str, str], Mapping[str, str]], None]  # (step, secrets, outputs)
 RETRY_BASE_SECONDS = 5.0
 
 
@@ -62,7 +63,7 @@ class Executor:
         reboot: Callable[[], Awaitable[None]],
         gate: GateWaiter,
         on_events: Callable[[], None] = lambda: None,
-        on_secrets: Callable[[str, Mapping[str, str]], None] = lambda step, values: None,
+        on_secrets: SecretsSink = lambda step, secrets, outputs: None,
         base_env: Mapping[str, str] | None = None,
         retry_base_seconds: float = RETRY_BASE_SECONDS,
     ) -> None:
@@ -290,8 +291,8 @@ class Executor:
                 )
 
             result = await self.runner.run(step, sink, secret_env=secrets, extra_env=self._env)
-            if result.ok and result.secrets:
-                self._on_secrets(step.name, result.secrets)
+            if result.ok and (result.secrets or result.outputs):
+                self._on_secrets(step.name, result.secrets, result.outputs)
             final = attempt == attempts or result.ok
             if result.ok:
                 state = JournalState.SUCCEEDED

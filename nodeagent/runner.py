@@ -8,6 +8,8 @@ period). Steps talk back through two files named in their environment:
 - ``$TETHER_PROVENANCE``: ``key=value`` lines of what the step found installed;
 - ``$TETHER_SECRETS_OUT``: ``KEY=VALUE`` secret outputs (e.g. join material),
   read once, deleted, never logged;
+- ``$TETHER_OUTPUTS``: ``KEY=VALUE`` outputs that are not secret but belong with them
+  (e.g. the API endpoint beside the join token);
 - ``$TETHER_WORKDIR/no-reboot``: a step flagged ``reboot`` creates it when the reboot turned
   out to be unnecessary (the pinned kernel is already running).
 """
@@ -50,6 +52,7 @@ class StepResult:
     timed_out: bool = False
     observed: Mapping[str, str] = field(default_factory=dict)
     secrets: Mapping[str, str] = field(default_factory=dict)
+    outputs: Mapping[str, str] = field(default_factory=dict)
     error: str = ""
     reboot_needed: bool = True
 
@@ -153,12 +156,13 @@ class Runner:
     ) -> StepResult:
         script = self._write_script(step)
         work = _make_workdir()
-        provenance, secrets_out = work / "provenance", work / "secrets"
+        provenance, secrets_out, outputs_out = work / "provenance", work / "secrets", work / "outputs"
         env = {**self.base_env, **step.env, **(extra_env or {}), **(secret_env or {})}
         env.update(
             TETHER_STEP=step.name,
             TETHER_PROVENANCE=str(provenance),
             TETHER_SECRETS_OUT=str(secrets_out),
+            TETHER_OUTPUTS=str(outputs_out),
             TETHER_WORKDIR=str(work),
         )
         started = time.monotonic()
@@ -208,6 +212,7 @@ class Runner:
             self.current_pgid = 0
             observed = _read_kv(provenance)
             secrets = _read_kv(secrets_out)
+            outputs = _read_kv(outputs_out)
             reboot_needed = not (work / "no-reboot").exists()
             shutil.rmtree(work, ignore_errors=True)
         if secrets:
@@ -221,6 +226,7 @@ class Runner:
             timed_out=timed_out,
             observed={k: redact_line(v, self.redactor) for k, v in observed.items()},
             secrets=secrets,
+            outputs=outputs,
             error=error,
             reboot_needed=reboot_needed,
         )

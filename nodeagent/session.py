@@ -251,11 +251,11 @@ class Agent:
 
     async def _writer(self, call: grpc.aio.StreamStreamCall, stored_seq: int) -> None:  # type: ignore[type-arg]
         last_sent = stored_seq
-        for name, (digest, attempt) in self._gate_digests.items():
+        for name, (digest, attempt) in list(self._gate_digests.items()):  # acks may change them meanwhile
             await call.write(
                 wire.pb.AgentMessage(gate=wire.pb.GateRequest(step=name, digest=digest, attempt=attempt))
             )
-        for secrets in self._unacked_secrets.values():
+        for secrets in list(self._unacked_secrets.values()):
             await call.write(wire.pb.AgentMessage(secrets=secrets))
         while True:
             self._kick.clear()
@@ -282,7 +282,8 @@ class Agent:
             for step in msg.ack.secrets:
                 self._unacked_secrets.pop(step, None)
         elif kind == "release":
-            self._release(msg.release.step, msg.release.digest, dict(msg.release.secret_env))
+            r = msg.release
+            self._release(r.step, r.digest, dict(r.secret_env), dict(r.env))
         elif kind == "command":
             self._command(msg.command)
         elif kind == "settings":
@@ -315,16 +316,20 @@ class Agent:
             self._gates.pop(step.name, None)
             self._gate_digests.pop(step.name, None)
 
-    def _release(self, step: str, digest: str, secret_env: dict[str, str]) -> None:
+    def _release(self, step: str, digest: str, secret_env: dict[str, str], env: dict[str, str]) -> None:
         self.redactor.add(*secret_env.values())
         fut = self._gates.get(step)
         pending = self._gate_digests.get(step)
         if fut is not None and not fut.done() and pending is not None and pending[0] == digest:
-            fut.set_result(secret_env)
+            fut.set_result({**env, **secret_env})
 
-    def _on_step_secrets(self, step: str, values: Mapping[str, str], command_id: str = "") -> None:
+    def _on_step_secrets(
+        self, step: str, values: Mapping[str, str], outputs: Mapping[str, str], command_id: str = ""
+    ) -> None:
         key = command_id or step
-        msg = wire.pb.StepSecrets(step=step, values=dict(values), command_id=command_id)
+        msg = wire.pb.StepSecrets(
+            step=step, values=dict(values), outputs=dict(outputs), command_id=command_id
+        )
         self._unacked_secrets[key] = msg
         self._send(wire.pb.AgentMessage(secrets=msg))
 
@@ -348,7 +353,7 @@ class Agent:
     async def _run_task(self, command_id: str, step: Step) -> None:
         result = await self.executor.run_task(step)
         if result.ok:
-            self._on_step_secrets(step.name, result.secrets, command_id)
+            self._on_step_secrets(step.name, result.secrets, result.outputs, command_id)
 
     async def _reboot(self) -> None:
         # Give the outbox a moment to drain so the controller hears why the node went away.

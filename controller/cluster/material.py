@@ -9,6 +9,7 @@ join step. Nothing here is ever logged: ``JoinMaterial`` masks itself.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -25,6 +26,25 @@ DEFAULT_TOKEN_TTL_S = 24 * 3600
 CERT_KEY_TTL_S = 2 * 3600
 # Hand out material only with this much life left (a join takes minutes).
 MARGIN_S = 10 * 60
+
+# What each value must look like: a node cannot plant anything else (and nothing unchecked reaches a script).
+FORMATS = {
+    TOKEN: re.compile(r"[a-z0-9]{6}\.[a-z0-9]{16}"),
+    CA_HASH: re.compile(r"sha256:[0-9a-f]{64}"),
+    CERT_KEY: re.compile(r"[0-9a-f]{64}"),
+    ENDPOINT: re.compile(r"(\[[0-9a-fA-F:]+\]|[A-Za-z0-9.-]+):[0-9]{1,5}"),
+    TOKEN_TTL: re.compile(r"[0-9]{2,8}"),
+    KUBECONFIG: re.compile(r"[A-Za-z0-9+/=]{1,1000000}"),
+}
+
+
+def check_outputs(values: Mapping[str, str]) -> None:
+    """Raise ValueError naming (never showing) every value that is not in its expected form."""
+    bad = sorted(
+        k for k, pattern in FORMATS.items() if k in values and values[k] and not pattern.fullmatch(values[k])
+    )
+    if bad:
+        raise ValueError(f"malformed join material: {', '.join(bad)}")
 
 
 @dataclass(frozen=True)
@@ -49,7 +69,8 @@ class JoinMaterial:
     def from_outputs(
         values: Mapping[str, str], now_ms: int, previous: JoinMaterial | None = None
     ) -> JoinMaterial:
-        """Build from a step's secret outputs; fields it did not produce are kept from ``previous``."""
+        """Build from a step's outputs; fields it did not produce are kept from ``previous``."""
+        check_outputs(values)
         token = values.get(TOKEN, "") or (previous.token if previous else "")
         ttl = int(values.get(TOKEN_TTL, "") or DEFAULT_TOKEN_TTL_S)
         cert_key = values.get(CERT_KEY, "")
@@ -74,11 +95,12 @@ class JoinMaterial:
             return False
         return not control_plane or (bool(self.cert_key) and self.cert_key_expires_ms > horizon)
 
-    def release_env(self, control_plane: bool) -> dict[str, str]:
-        env = {TOKEN: self.token, CA_HASH: self.ca_hash, ENDPOINT: self.endpoint}
+    def release_env(self, control_plane: bool) -> tuple[dict[str, str], dict[str, str]]:
+        """(secret values, plain values) a joining node gets just in time."""
+        secret = {TOKEN: self.token}
         if control_plane:
-            env[CERT_KEY] = self.cert_key
-        return env
+            secret[CERT_KEY] = self.cert_key
+        return secret, {CA_HASH: self.ca_hash, ENDPOINT: self.endpoint}
 
     def secrets(self) -> list[str]:
         return [s for s in (self.token, self.cert_key) if s]

@@ -14,7 +14,9 @@ requests on reconnect.
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import secrets
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -40,6 +42,8 @@ from nodeagent.secrets import Redactor
 log = logs.get_logger("tether.controller.cluster")
 
 REFRESH_RETRY_S = 90.0
+REFRESH_BACKOFF_S = 10.0
+REFRESH_TASK = "task:refresh-join-material"
 LABEL_RETRY_S = 60.0
 LABEL_TASK_PREFIX = "task:label-"
 
@@ -56,6 +60,7 @@ class _Waiter:
 class _EnvState:
     waiters: dict[str, _Waiter] = field(default_factory=dict)
     refresh_id: str = ""
+    refresh_node: str = ""
     refresh_started: float = 0.0
     refresh_cert_key: bool = False
     released_ms: dict[str, int] = field(default_factory=dict)
@@ -166,6 +171,32 @@ class Orchestrator:
                 ),
             )
 
+    # -- lifecycle of environments and nodes --------------------------------------------------
+
+    async def forget_environment(self, environment: str) -> None:
+        """The environment was deleted: its cluster (init choice, material, kubeconfig) goes with it."""
+        for key in self._store.kv_keys(_key(environment, "")):
+            await self._store.kv_delete(key)
+        self._envs.pop(environment, None)
+        self._material.pop(environment, None)
+        self._specs = {k: v for k, v in self._specs.items() if k[0] != environment}
+
+    async def forget_node(self, environment: str, node: str) -> None:
+        """A machine enrolled afresh under this name (re-imaged): it has joined nothing yet."""
+        await self._store.kv_delete(_key(environment, f"labelled/{node}"))
+        self._labelling.pop(node, None)
+
+    async def node_revoked(self, node: NodeRecord) -> None:
+        """If the chosen init node is revoked before it initialised, the next control plane is chosen."""
+        env = node.environment
+        if self.init_node(env) == node.name and not self._joined(node.name):
+            await self._store.kv_delete(_key(env, "init-node"))
+            log.warning(
+                "the chosen init node was revoked before kubeadm init; choosing again",
+                environment=env,
+                node=node.name,
+            )
+
     # -- GateKeeper ---------------------------------------------------------------------------
 
     async def gate_requested(self, node: NodeRecord, step: str, digest: str, attempt: int = 1) -> None:
@@ -185,7 +216,15 @@ class Orchestrator:
             return
         state.waiters[node.name] = _Waiter(node.name, step, digest, control_plane)
         if material is None:
-            log.info("node waits at its gate for kubeadm init", node=node.name, environment=env)
+            if self._joined(self.init_node(env)):
+                # kubeadm init ran but its material never arrived (the agent died before the ack).
+                log.warning(
+                    "the cluster exists but its join material was lost; asking for fresh material",
+                    environment=env,
+                )
+                self._request_refresh(env, cert_key=control_plane, force=False)
+            else:
+                log.info("node waits at its gate for kubeadm init", node=node.name, environment=env)
             return
         log.info(
             "join material expired or refused; asking a control plane for fresh material",
@@ -196,26 +235,36 @@ class Orchestrator:
         self._request_refresh(env, cert_key=control_plane, force=stale)
 
     async def secrets_received(
-        self, node: NodeRecord, step: str, values: Mapping[str, str], command_id: str
+        self,
+        node: NodeRecord,
+        step: str,
+        values: Mapping[str, str],
+        command_id: str,
+        outputs: Mapping[str, str] | None = None,
     ) -> bool:
+        """Join material from the init step or from the refresh task sent to this very node."""
         env = node.environment
         state = self._envs.setdefault(env, _EnvState())
-        is_init = step == INIT_STEP and node.name == self.init_node(env)
-        is_refresh = bool(command_id) and command_id == state.refresh_id
+        is_init = step == INIT_STEP and node.name == self.init_node(env) and not command_id
+        is_refresh = bool(command_id) and command_id == state.refresh_id and node.name == state.refresh_node
         if not (is_init or is_refresh):
             log.warning(
-                "secret outputs from a step that produces no join material; dropped",
+                "secret outputs that were not asked for; dropped",
                 node=node.name,
                 step=step,
             )
             return True
-        material = JoinMaterial.from_outputs(values, now_ms(), self.material(env))
+        try:
+            material = JoinMaterial.from_outputs({**(outputs or {}), **values}, now_ms(), self.material(env))
+        except ValueError as exc:
+            log.error("join material refused", node=node.name, step=step, error=str(exc))
+            return True  # acknowledged, so the agent stops resending it; the waiters ask again
         await self._save_material(env, material)
         if values.get(KUBECONFIG):
             key = _key(env, "kubeconfig")
             await self._store.kv_put(key, self._box.seal(values[KUBECONFIG].encode(), key))
         if is_refresh:
-            state.refresh_id = ""
+            state.refresh_id = state.refresh_node = ""
         log.info(
             "join material stored",
             environment=env,
@@ -228,11 +277,11 @@ class Orchestrator:
     def _release(
         self, node: str, step: str, digest: str, material: JoinMaterial, control_plane: bool
     ) -> None:
-        env = {**material.release_env(control_plane)}
+        secret_env, env = material.release_env(control_plane)
         if self._hub.send(
             node,
             wire.agent.ControllerMessage(
-                release=wire.agent.Release(step=step, digest=digest, secret_env=env)
+                release=wire.agent.Release(step=step, digest=digest, secret_env=secret_env, env=env)
             ),
         ):
             node_rec = self._store.get_node(node)
@@ -266,12 +315,9 @@ class Orchestrator:
                 "no control plane is connected to refresh the join material; waiting", environment=env
             )
             return
-        command_id = f"refresh-{env}-{now_ms()}"
-        state.refresh_id, state.refresh_started, state.refresh_cert_key = (
-            command_id,
-            time.monotonic(),
-            cert_key,
-        )
+        command_id = f"refresh-{secrets.token_hex(16)}"  # unguessable: only this answer is accepted
+        state.refresh_id, state.refresh_node = command_id, target
+        state.refresh_started, state.refresh_cert_key = time.monotonic(), cert_key
         step = refresh_task(upload_certs=cert_key)
         self._hub.send(
             target,
@@ -280,6 +326,20 @@ class Orchestrator:
             ),
         )
         log.info("join material refresh requested", environment=env, node=target, certificate_key=cert_key)
+
+    def _refresh_failed(self, node: NodeRecord) -> None:
+        """A refresh task failed on ``node``: try again shortly (on any control plane) for the waiters."""
+        env = node.environment
+        state = self._envs.setdefault(env, _EnvState())
+        if state.refresh_node != node.name:
+            return
+        state.refresh_id = state.refresh_node = ""
+        log.warning("join material refresh failed; retrying", environment=env, node=node.name)
+        if state.waiters:
+            cert_key = any(w.control_plane for w in state.waiters.values())
+            asyncio.get_running_loop().call_later(
+                REFRESH_BACKOFF_S, lambda: self._request_refresh(env, cert_key=cert_key, force=False)
+            )
 
     def _refresher(self, env: str) -> str | None:
         """A connected control plane that has joined the cluster (the init node first)."""
@@ -314,6 +374,8 @@ class Orchestrator:
         for e in events:
             if e.kind is EventKind.SUCCEEDED and e.step in (INIT_STEP, JOIN_STEP):
                 self._label_pending(node.environment)
+            elif e.step == REFRESH_TASK and e.kind is EventKind.FAILED:
+                self._refresh_failed(node)
             elif e.step.startswith(LABEL_TASK_PREFIX) and e.kind is EventKind.SUCCEEDED:
                 target = e.step.removeprefix(LABEL_TASK_PREFIX)
                 self._labelling.pop(target, None)

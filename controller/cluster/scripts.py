@@ -43,7 +43,8 @@ fi
 for kv in $LABELS; do
   kubectl label node "$NODE" "$kv" --overwrite
 done
-if [ "$UNTAINT" = 1 ] && kubectl get node "$NODE" -o json | grep -q '"key": *"node-role.kubernetes.io/control-plane"'; then
+taint='"key": *"node-role.kubernetes.io/control-plane"'
+if [ "$UNTAINT" = 1 ] && kubectl get node "$NODE" -o json | grep -q "$taint"; then
   kubectl taint node "$NODE" node-role.kubernetes.io/control-plane:NoSchedule-
 fi
 echo "node $NODE labelled"

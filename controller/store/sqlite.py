@@ -244,6 +244,10 @@ class SqliteStore:
                 p.chmod(0o600)
         self._read = _connect(path)
         self._read_lock = threading.Lock()
+        # Parsed environments, checked against (generation, created, updated) on every read: the
+        # planner and the cluster code ask for one on every stream and event batch, and the
+        # document and spec columns are large.
+        self._environments: dict[str, EnvironmentRecord] = {}
 
     @staticmethod
     def _migrate(conn: sqlite3.Connection) -> None:
@@ -282,7 +286,10 @@ class SqliteStore:
             ).fetchone()
             if row is not None and row[3] == spec_json and row[1] == document:
                 return _env(row), False
-            generation = (row[4] + 1) if row else 1
+            # Generations never repeat for a name, even across delete and re-create (caches key on them).
+            last = conn.execute("SELECT value FROM meta WHERE key=?", (f"generation:{name}",)).fetchone()
+            generation = max(row[4] if row else 0, int(last[0]) if last else 0) + 1
+            conn.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (f"generation:{name}", str(generation)))
             created = row[5] if row else now
             conn.execute(
                 "INSERT OR REPLACE INTO environments VALUES (?,?,?,?,?,?,?)",
@@ -295,8 +302,19 @@ class SqliteStore:
         return await self._write(fn)
 
     def get_environment(self, name: str) -> EnvironmentRecord | None:
+        rows = self._query("SELECT generation, created_ms, updated_ms FROM environments WHERE name=?", (name,))
+        if not rows:
+            self._environments.pop(name, None)
+            return None
+        cached = self._environments.get(name)
+        if cached is not None and (cached.generation, cached.created_ms, cached.updated_ms) == rows[0]:
+            return cached
         rows = self._query("SELECT * FROM environments WHERE name=?", (name,))
-        return _env(rows[0]) if rows else None
+        if not rows:
+            return None
+        env = _env(rows[0])
+        self._environments[name] = env
+        return env
 
     def list_environments(self) -> list[EnvironmentRecord]:
         return [_env(r) for r in self._query("SELECT * FROM environments ORDER BY name")]
@@ -369,6 +387,8 @@ class SqliteStore:
             record, consume = decide(token, _node(node_row) if node_row else None)
             if consume:
                 conn.execute("UPDATE tokens SET uses=uses+1 WHERE id=?", (token_id,))
+                # A fresh enrollment is a new machine: it has run none of the old one's steps.
+                conn.execute("DELETE FROM node_steps WHERE node=?", (node_name,))
             conn.execute(
                 f"INSERT OR REPLACE INTO nodes ({_NODE_COLUMNS}) VALUES ({','.join('?' * 16)})",
                 (
@@ -560,6 +580,12 @@ class SqliteStore:
             return bytes(row[0])
 
         return await self._write(fn)
+
+    def kv_keys(self, prefix: str) -> list[str]:
+        rows = self._query(
+            "SELECT key FROM kv WHERE key >= ? AND key < ? ORDER BY key", (prefix, prefix + "\uffff")
+        )
+        return [r[0] for r in rows]
 
     def kv_get(self, key: str) -> bytes | None:
         rows = self._query("SELECT value FROM kv WHERE key=?", (key,))

@@ -44,12 +44,11 @@ spec:
 def test_fresh_material_is_usable_by_workers_and_control_planes() -> None:
     mat = m.JoinMaterial.from_outputs(OUTPUTS, now_ms=0)
     assert mat.usable_for(False, now_ms=0) and mat.usable_for(True, now_ms=0)
-    assert mat.release_env(False) == {
-        m.TOKEN: TOKEN,
-        m.CA_HASH: OUTPUTS[m.CA_HASH],
-        m.ENDPOINT: "10.0.0.2:6443",
-    }
-    assert mat.release_env(True)[m.CERT_KEY] == CERT_KEY
+    assert mat.release_env(False) == (
+        {m.TOKEN: TOKEN},
+        {m.CA_HASH: OUTPUTS[m.CA_HASH], m.ENDPOINT: "10.0.0.2:6443"},
+    )
+    assert mat.release_env(True)[0] == {m.TOKEN: TOKEN, m.CERT_KEY: CERT_KEY}
 
 
 def test_certificate_key_expires_after_two_hours_and_the_token_after_its_ttl() -> None:
@@ -140,7 +139,9 @@ class Cluster:
 
     def releases(self, name: str) -> list[dict[str, str]]:
         return [
-            dict(msg.release.secret_env) for msg in self.sent(name) if msg.WhichOneof("kind") == "release"
+            {**msg.release.env, **msg.release.secret_env}
+            for msg in self.sent(name)
+            if msg.WhichOneof("kind") == "release"
         ]
 
     async def succeed(self, name: str, step: str, seq: int) -> None:
@@ -317,3 +318,85 @@ async def test_label_tasks_are_not_sent_twice_while_one_is_in_flight(cluster: Cl
         msg.command.task.step.name for msg in cluster.sent("cp-1") if msg.WhichOneof("kind") == "command"
     ]
     assert sorted(names) == ["label-cp-1", "label-w-1"]
+
+
+def test_malformed_material_is_refused_without_showing_it() -> None:
+    for key, bad in (
+        (m.TOKEN, "not a token"),
+        (m.CA_HASH, "md5:x"),
+        (m.ENDPOINT, "evil;rm -rf /"),
+        (m.CERT_KEY, "z" * 64),
+        (m.TOKEN_TTL, "soon"),
+    ):
+        with pytest.raises(ValueError) as exc:
+            m.JoinMaterial.from_outputs({**OUTPUTS, key: bad}, now_ms=0)
+        assert key in str(exc.value) and bad not in str(exc.value)
+
+
+async def test_only_the_node_a_refresh_was_sent_to_may_answer_it(cluster: Cluster) -> None:
+    cp1 = await cluster.node("cp-1", "control-plane")
+    await cluster.orch.secrets_received(cp1, INIT_STEP, OUTPUTS, "")
+    await cluster.succeed("cp-1", INIT_STEP, 1)
+    cluster.sent("cp-1")
+    await cluster.orch.forget_material("c1")
+    w1 = await cluster.node("w-1", "worker")
+    await cluster.orch.gate_requested(w1, JOIN_STEP, cluster.digest("w-1"))
+    (task,) = [msg.command for msg in cluster.sent("cp-1") if msg.WhichOneof("kind") == "command"]
+    assert len(task.id) > 30  # unguessable
+    evil = await cluster.node("w-2", "worker")
+    planted = {**OUTPUTS, m.ENDPOINT: "6.6.6.6:6443"}
+    await cluster.orch.secrets_received(evil, "refresh-join-material", planted, task.id)
+    assert cluster.releases("w-1") == []
+    await cluster.orch.secrets_received(cp1, "refresh-join-material", OUTPUTS, "refresh-guessed")
+    assert cluster.releases("w-1") == []
+    await cluster.orch.secrets_received(cp1, "refresh-join-material", OUTPUTS, task.id)
+    assert cluster.releases("w-1")[0][m.ENDPOINT] == "10.0.0.2:6443"
+
+
+async def test_a_failed_refresh_is_tried_again(cluster: Cluster) -> None:
+    import asyncio
+
+    from controller.cluster import orchestrator
+
+    orchestrator.REFRESH_BACKOFF_S = 0.01
+    cp1 = await cluster.node("cp-1", "control-plane")
+    await cluster.orch.secrets_received(cp1, INIT_STEP, OUTPUTS, "")
+    await cluster.succeed("cp-1", INIT_STEP, 1)
+    cluster.sent("cp-1")
+    await cluster.orch.forget_material("c1")
+    w1 = await cluster.node("w-1", "worker")
+    await cluster.orch.gate_requested(w1, JOIN_STEP, cluster.digest("w-1"))
+    first = [msg.command.id for msg in cluster.sent("cp-1") if msg.WhichOneof("kind") == "command"]
+    await cluster.orch.on_events(
+        cp1, [Event(kind=EventKind.FAILED, step="task:refresh-join-material", seq=9)]
+    )
+    await asyncio.sleep(0.05)
+    again = [msg.command.id for msg in cluster.sent("cp-1") if msg.WhichOneof("kind") == "command"]
+    assert len(first) == 1 and len(again) == 1 and again != first
+
+
+async def test_material_lost_after_init_is_asked_for_again(cluster: Cluster) -> None:
+    cp1 = await cluster.node("cp-1", "control-plane")
+    await cluster.succeed("cp-1", INIT_STEP, 1)  # init ran, but its material never arrived
+    cluster.sent("cp-1")
+    w1 = await cluster.node("w-1", "worker")
+    await cluster.orch.gate_requested(w1, JOIN_STEP, cluster.digest("w-1"))
+    (task,) = [msg.command for msg in cluster.sent("cp-1") if msg.WhichOneof("kind") == "command"]
+    await cluster.orch.secrets_received(cp1, "refresh-join-material", OUTPUTS, task.id)
+    assert len(cluster.releases("w-1")) == 1
+    del cp1
+
+
+async def test_deleting_the_environment_forgets_its_cluster(cluster: Cluster) -> None:
+    cp1 = await cluster.node("cp-1", "control-plane")
+    await cluster.orch.secrets_received(cp1, INIT_STEP, OUTPUTS, "")
+    await cluster.orch.forget_environment("c1")
+    assert cluster.orch.material("c1") is None and cluster.orch.init_node("c1") == ""
+    assert cluster.store.kv_keys("cluster/c1/") == []
+
+
+async def test_a_revoked_init_node_that_never_initialised_is_replaced(cluster: Cluster) -> None:
+    cp1 = await cluster.node("cp-1", "control-plane")
+    await cluster.orch.node_revoked(cp1)
+    cp2 = await cluster.node("cp-2", "control-plane")
+    assert (await cluster.orch.context(cp2)).position is Position.INIT  # type: ignore[union-attr]

@@ -179,3 +179,28 @@ async def test_a_failed_attempt_that_will_be_retried_is_retrying_not_failed(stor
     assert store.node_steps("n1")[0].state == "retrying"
     await store.append_events("n1", [Event(kind=EventKind.FAILED, step="a", digest=d, seq=2)])
     assert store.node_steps("n1")[0].state == "failed"
+
+
+async def test_generations_never_repeat_across_delete_and_recreate(store: SqliteStore) -> None:
+    rec, _ = await store.put_environment("e", "doc-a", "v1", {"a": 1})
+    assert rec.generation == 1
+    await store.delete_environment("e")
+    rec, changed = await store.put_environment("e", "doc-b", "v1", {"b": 1})
+    assert changed and rec.generation == 2
+
+
+async def test_a_fresh_enrollment_forgets_the_old_machines_steps(store: SqliteStore) -> None:
+    await enroll(store)
+    await store.set_node_plan("n1", Plan.build([Step(name="a", script="a")], generation=1))
+    await store.append_events("n1", [ev(1, EventKind.SUCCEEDED, "a", store.node_steps("n1")[0].digest)])
+    assert store.node_steps("n1")[0].state == "succeeded"
+    await store.put_token(token(id="tok-2"))
+    await store.enroll_node("tok-2", "n1", lambda t, e: (node("n1", token_id="tok-2", key_hash="new"), True))
+    assert store.node_steps("n1") == []
+    assert [e.seq for e in store.list_events("n1")] == [1]  # history stays
+
+
+async def test_kv_keys_by_prefix(store: SqliteStore) -> None:
+    for k in ("cluster/a/x", "cluster/a/y", "cluster/ab/z", "other"):
+        await store.kv_put(k, b"1")
+    assert store.kv_keys("cluster/a/") == ["cluster/a/x", "cluster/a/y"]

@@ -30,7 +30,7 @@ class Harness:
             boot_id=lambda: self.boot,
             reboot=self._reboot,
             gate=self._gate,
-            on_secrets=lambda step, values: self.secrets.append((step, values)),
+            on_secrets=lambda step, values, outputs: self.secrets.append((step, {**values, **outputs})),
             retry_base_seconds=0.01,
         )
 
