@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from controller import tokens, wire
@@ -116,6 +116,7 @@ class AdminService(wire.AdminServiceServicer):
                 f"({', '.join(live[:5])}); revoke them first or use --force"
             )
         await store.delete_environment(request.name)
+        await self.app.cluster.forget_environment(request.name)
         for t in store.list_tokens(request.name):
             await store.revoke_token(t.id)
         log.info("environment deleted", environment=request.name, by=who, nodes_left=len(live))
@@ -243,6 +244,7 @@ class AdminService(wire.AdminServiceServicer):
         if node is None:
             raise NotFound(f"node {request.name!r} not found")
         await self.app.store.update_node(node.name, revoked=True)
+        await self.app.cluster.node_revoked(node)
         session = self.app.hub.session(node.name)
         if session is not None:
             session.close()
@@ -309,18 +311,35 @@ class AdminService(wire.AdminServiceServicer):
         try:
             last: dict[str, int] = {}
             for name in nodes:
-                after = request.after_seq if request.node else 0
-                for e in app.store.list_events(name, after, MAX_EVENTS):
+                last[name] = request.after_seq if request.node else 0
+                for e in self._stored(name, last[name]):
                     last[name] = e.seq
-                    yield wire.event_to_pb(_named(e, name))
+                    yield wire.event_to_pb(e)
             while True:
                 e = await queue.get()
-                if e.seq <= last.get(e.node, -1):
+                seen = last.get(e.node, 0)
+                if e.seq <= seen:
                     continue
+                if e.seq > seen + 1:
+                    # A gap: the follower fell behind (its queue is bounded); the store has them all.
+                    for missed in self._stored(e.node, seen, until=e.seq):
+                        yield wire.event_to_pb(missed)
                 last[e.node] = e.seq
                 yield wire.event_to_pb(e)
         finally:
             app.hub.unfollow(queue)
+
+    def _stored(self, node: str, after: int, until: int = 0) -> Iterator[Event]:
+        """A node's stored events after ``after`` (and before ``until``), page by page."""
+        while True:
+            page = self.app.store.list_events(node, after, MAX_EVENTS)
+            for e in page:
+                if until and e.seq >= until:
+                    return
+                after = e.seq
+                yield _named(e, node)
+            if len(page) < MAX_EVENTS:
+                return
 
     # -- plans --------------------------------------------------------------------------------
 

@@ -198,7 +198,7 @@ class Executor:
                     )
                 log.info("reboot complete")
                 return "next"
-            await self._do_reboot()
+            await self._do_reboot(plan, step)
             return "stop"
         if entry is not None and entry.state is JournalState.RUNNING:
             killed = kill_leftovers(self.runner.script_path(step))
@@ -208,7 +208,7 @@ class Executor:
             return "stop"  # woken at a gate for a new plan or a rerun
         if result.ok:
             if step.reboot and result.reboot_needed:
-                await self._do_reboot()  # the journal already says REBOOTING
+                await self._do_reboot(plan, step)  # the journal already says REBOOTING
                 return "stop"
             return "next"
         if step.continue_on_error:
@@ -341,10 +341,35 @@ class Executor:
             await asyncio.sleep(min(self._retry_base * (2 ** (attempt - 1)), 60.0))
         return result
 
-    async def _do_reboot(self) -> None:
+    async def _do_reboot(self, plan: Plan, step: Step) -> None:
+        entry = self.journal.get(step.digest)
+        attempt = entry.attempt if entry else 1
         self.state = "rebooting"
         log.warning("rebooting the node")
-        await self._reboot()
+        try:
+            await self._reboot()
+        except Exception as exc:  # the node did not go down: say so, and stop here
+            self.state = "failed"
+            log.error("reboot failed", error=str(exc))
+            with self.db.transaction():
+                self.journal.record(
+                    step.digest,
+                    step.name,
+                    JournalState.FAILED,
+                    attempt=attempt,
+                    boot_id=self._boot_id(),
+                    plan_digest=plan.digest,
+                )
+                self.emit(
+                    Event(
+                        kind=EventKind.FAILED,
+                        step=step.name,
+                        digest=step.digest,
+                        attempt=attempt,
+                        plan_generation=plan.generation,
+                        message=f"reboot failed: {exc}",
+                    )
+                )
 
     async def run_task(self, step: Step) -> StepResult:
         """Run a step outside the plan (not journaled), e.g. to refresh join material."""

@@ -16,6 +16,7 @@ import contextlib
 import datetime as dt
 import enum
 import random
+import time
 from collections.abc import Coroutine, Mapping
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,8 @@ from nodeagent.statedb import StateDB
 log = logs.get_logger("tether.agent")
 
 EVENT_BATCH = 500
+# A stream that lasted this long resets the backoff (one that dies at once does not).
+STABLE_STREAM_SECONDS = 10.0
 
 
 class AgentState(str, enum.Enum):
@@ -91,6 +94,7 @@ class Agent:
         self._streaming = False
         self._ready_sent = False
         self._background: set[asyncio.Task[None]] = set()
+        self._renewal_asked_for = 0  # serial of the certificate a renewal was requested for
         self.executor = Executor(
             self.db,
             self.runner,
@@ -172,6 +176,7 @@ class Agent:
     async def _connect_forever(self) -> None:
         while True:
             self._set_state(AgentState.CONNECTING)
+            started = time.monotonic()
             try:
                 await self._stream_once()
                 log.info("stream closed by the controller; reconnecting")
@@ -189,6 +194,8 @@ class Agent:
                 log.exception("unexpected error on the stream; reconnecting")
             finally:
                 self._streaming = False
+            if time.monotonic() - started >= STABLE_STREAM_SECONDS:
+                self.backoff.reset()  # it worked for a while: the next attempt starts quick again
             self._set_state(AgentState.BACKOFF)
             await asyncio.sleep(self.backoff.next_delay())
 
@@ -220,7 +227,6 @@ class Agent:
             stored = first.welcome.stored_seq
             self.executor.outbox.start_at(stored + 1)
             self.executor.outbox.ack(stored)
-            self.backoff.reset()
             self._streaming = True
             self._set_state(AgentState.STREAMING)
             log.info(
@@ -291,6 +297,7 @@ class Agent:
                 self.heartbeat = float(msg.settings.heartbeat_seconds)
         elif kind == "certificate":
             self.identities.save_certificate(msg.certificate.certificate_pem)
+            self.identity = self.identities.load()
             log.info("certificate renewed")
         elif kind == "welcome":
             pass
@@ -362,16 +369,21 @@ class Agent:
                 break
             await asyncio.sleep(0.2)
         proc = await asyncio.create_subprocess_exec(*self.config.reboot_command)
-        await proc.wait()
+        if await proc.wait() != 0:
+            raise RuntimeError(f"{' '.join(self.config.reboot_command)} exited with {proc.returncode}")
         await asyncio.sleep(3600)  # the node is going down; nothing more to do
 
     def _maybe_renew(self, identity: Identity) -> None:
+        """Ask for a new certificate once a third of its lifetime is left (checked every heartbeat)."""
         cert = x509.load_pem_x509_certificate(identity.cert_pem)
+        if cert.serial_number == self._renewal_asked_for:
+            return
         now = dt.datetime.now(dt.timezone.utc)
         lifetime = cert.not_valid_after_utc - cert.not_valid_before_utc
         if cert.not_valid_after_utc - now < lifetime / 3:
             csr = make_csr(identity.key_pem, identity.node_name)
             self._send(wire.pb.AgentMessage(renew=wire.pb.RenewRequest(csr_pem=csr)))
+            self._renewal_asked_for = cert.serial_number
             log.info("certificate renewal requested", expires=cert.not_valid_after_utc.isoformat())
 
     # -- periodic -----------------------------------------------------------------------------
@@ -385,6 +397,8 @@ class Agent:
                     self._send(wire.pb.AgentMessage(health=wire.health_to_pb(health)))
                 except Exception as exc:  # a probe must never take the agent down
                     log.warning("health probe failed", error=str(exc))
+                if self.identity is not None:
+                    self._maybe_renew(self.identity)  # a stream can outlive two thirds of a certificate
             await asyncio.sleep(self.heartbeat)
 
     async def _watchdog_loop(self) -> None:

@@ -79,6 +79,7 @@ def env_apply(args: argparse.Namespace) -> int:
 def env_get(args: argparse.Namespace) -> int:
     env = _Session(args).call("GetEnvironment", wire.admin.GetEnvironmentRequest(name=args.name))
     data = to_dict(env)
+    data["generation"] = env.generation  # proto3 JSON writes 64-bit integers as strings
     emit(data, args.output)
     return 0
 
@@ -372,8 +373,14 @@ def events(args: argparse.Namespace) -> int:
     s = _Session(args)
     request = wire.admin.ListEventsRequest(node=args.node, after_seq=args.after, environment=args.environment)
     if not args.follow:
-        reply = s.call("ListEvents", request)
-        evs = [wire.event_from_pb(m) for m in reply.events]
+        evs: list[Event] = []
+        after = args.after
+        while True:  # page through everything, however long the history
+            page = s.call("ListEvents", wire.admin.ListEventsRequest(node=args.node, after_seq=after))
+            evs.extend(wire.event_from_pb(m) for m in page.events)
+            if not page.events:
+                break
+            after = page.events[-1].seq
         if args.output == "json":
             emit([e.to_json() for e in evs], "json")
         else:

@@ -54,6 +54,7 @@ class _Waiter:
     step: str
     digest: str
     control_plane: bool
+    newer_than: int = 0  # the cluster refused material issued at or before this time
 
 
 @dataclass
@@ -208,13 +209,16 @@ class Orchestrator:
         state = self._envs.setdefault(env, _EnvState())
         control_plane = node.role == Role.CONTROL_PLANE.value
         material = self.material(env)
-        stale = (
-            attempt > 1 and material is not None and material.issued_ms <= state.released_ms.get(node.name, 0)
-        )
+        # A retry means the cluster refused what the node got: it needs material issued after that.
+        # (After a controller restart the earlier release is unknown: anything current may be it.)
+        newer_than = 0
+        if attempt > 1:
+            newer_than = state.released_ms.get(node.name, now_ms())
+        stale = material is not None and material.issued_ms <= newer_than
         if material is not None and material.usable_for(control_plane, now_ms()) and not stale:
             self._release(node.name, step, digest, material, control_plane)
             return
-        state.waiters[node.name] = _Waiter(node.name, step, digest, control_plane)
+        state.waiters[node.name] = _Waiter(node.name, step, digest, control_plane, newer_than)
         if material is None:
             if self._joined(self.init_node(env)):
                 # kubeadm init ran but its material never arrived (the agent died before the ack).
@@ -296,7 +300,7 @@ class Orchestrator:
             return
         need_cert_key = False
         for name, waiter in list(state.waiters.items()):
-            if material.usable_for(waiter.control_plane, now_ms()):
+            if material.usable_for(waiter.control_plane, now_ms()) and material.issued_ms > waiter.newer_than:
                 del state.waiters[name]
                 self._release(name, waiter.step, waiter.digest, material, waiter.control_plane)
             else:

@@ -22,11 +22,17 @@ _REFRESH = """
 token=$(kubeadm token create --ttl "${TOKEN_TTL}s")
 ca_hash=$(openssl x509 -pubkey -noout -in /etc/kubernetes/pki/ca.crt \\
   | openssl pkey -pubin -outform der | sha256sum | cut -d' ' -f1)
+# The endpoint joining nodes use is the cluster's control-plane endpoint (the server in admin.conf).
+endpoint=$(awk '$1 == "server:" { sub("^https://", "", $2); print $2; exit }' "$KUBECONFIG")
 {
   printf 'JOIN_TOKEN=%s\\n' "$token"
-  printf 'JOIN_CA_HASH=sha256:%s\\n' "$ca_hash"
-  printf '%s=%s\\n' "TOKEN_TTL_NAME" "$TOKEN_TTL"
+  printf 'ADMIN_KUBECONFIG_B64=%s\\n' "$(base64 -w0 "$KUBECONFIG")"
 } >> "$TETHER_SECRETS_OUT"
+{
+  printf 'JOIN_CA_HASH=sha256:%s\\n' "$ca_hash"
+  printf 'JOIN_ENDPOINT=%s\\n' "$endpoint"
+  printf '%s=%s\\n' "TOKEN_TTL_NAME" "$TOKEN_TTL"
+} >> "$TETHER_OUTPUTS"
 if [ "$UPLOAD_CERTS" = 1 ]; then
   cert_key=$(kubeadm init phase upload-certs --upload-certs 2>/dev/null | tail -n 1)
   printf '%s=%s\\n' "CERT_KEY_NAME" "$cert_key" >> "$TETHER_SECRETS_OUT"

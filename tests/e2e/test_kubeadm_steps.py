@@ -98,14 +98,15 @@ class Runner:
         command = (
             f"cd {work_dir} && set -a && . ./env && set +a && "
             f"export TETHER_WORKDIR={work_dir}/w TETHER_PROVENANCE={work_dir}/provenance "
-            f"TETHER_SECRETS_OUT={work_dir}/secrets && mkdir -m 0700 {work_dir}/w && rm -f env && "
+            f"TETHER_SECRETS_OUT={work_dir}/secrets TETHER_OUTPUTS={work_dir}/outputs && "
+            f"mkdir -m 0700 {work_dir}/w && rm -f env && "
             f"exec bash step.sh </dev/null 2>&1"
         )
         done = self.bed.exec(node, command, check=False, timeout=step.timeout_seconds)
         back = self.bed.exec(
             node,
             f"cat {work_dir}/provenance 2>/dev/null; echo '--- secrets'; "
-            f"cat {work_dir}/secrets 2>/dev/null; rm -rf {work_dir}",
+            f"cat {work_dir}/secrets {work_dir}/outputs 2>/dev/null; rm -rf {work_dir}",
         ).stdout
         prov, _, secrets = back.partition("--- secrets\n")
         result = Result(step.name, node, done.returncode, done.stdout + done.stderr, _kv(prov), _kv(secrets))

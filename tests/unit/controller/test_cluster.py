@@ -400,3 +400,21 @@ async def test_a_revoked_init_node_that_never_initialised_is_replaced(cluster: C
     await cluster.orch.node_revoked(cp1)
     cp2 = await cluster.node("cp-2", "control-plane")
     assert (await cluster.orch.context(cp2)).position is Position.INIT  # type: ignore[union-attr]
+
+
+async def test_refused_material_is_never_handed_out_again_to_that_node(cluster: Cluster) -> None:
+    cp1 = await cluster.node("cp-1", "control-plane")
+    await cluster.orch.secrets_received(cp1, INIT_STEP, OUTPUTS, "")
+    await cluster.succeed("cp-1", INIT_STEP, 1)
+    w1 = await cluster.node("w-1", "worker")
+    await cluster.orch.gate_requested(w1, JOIN_STEP, cluster.digest("w-1"), attempt=1)
+    assert len(cluster.releases("w-1")) == 1
+    cluster.hub.detach(cluster.sessions.pop("cp-1"))  # the control plane is away
+    await cluster.orch.gate_requested(w1, JOIN_STEP, cluster.digest("w-1"), attempt=2)
+    cluster.sessions["cp-1"] = cluster.hub.attach("cp-1", "c1")
+    await cluster.orch.on_connect(cp1)
+    assert cluster.releases("w-1") == []  # not the same material again: a refresh instead
+    kinds = [
+        msg.command.task.step.name for msg in cluster.sent("cp-1") if msg.WhichOneof("kind") == "command"
+    ]
+    assert "refresh-join-material" in kinds

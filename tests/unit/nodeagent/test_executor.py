@@ -199,3 +199,18 @@ async def test_a_reboot_step_that_finds_nothing_to_do_does_not_reboot(tmp_path: 
     await h.run(plan(kernel, counter(tmp_path, "after")))
     assert h.reboots == 0 and count(tmp_path, "after") == 1
     assert ("kernel", "succeeded") in h.events()
+
+
+async def test_a_reboot_that_fails_is_reported_and_stops_the_plan(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+
+    async def broken_reboot() -> None:
+        raise RuntimeError("systemctl reboot exited with 1")
+
+    h.executor._reboot = broken_reboot
+    await h.run(
+        plan(Step(name="kernel", reboot=True, script="true\n"), counter(tmp_path, "after")), until="failed"
+    )
+    failed = [e for e in h.executor.outbox.pending() if e.kind.label == "failed"]
+    assert failed[0].message == "reboot failed: systemctl reboot exited with 1"
+    assert count(tmp_path, "after") == 0
