@@ -221,23 +221,29 @@ class AgentService(wire.AgentServiceServicer):
             node, facts, agent_digest=hello.plan_digest, agent_generation=hello.plan_generation
         )
         await app.cluster.on_connect(node)
+        # Three tasks for the life of the stream (not one wait per outgoing message): whichever
+        # ends first ends the stream; an error in the reader or the writer is raised here.
         reader = asyncio.create_task(self._read(node, session, it))
+        writer = asyncio.create_task(self._write(session, context))
         closed = asyncio.create_task(session.closed.wait())
         try:
-            while True:
-                getter = asyncio.ensure_future(session.outbox.get())
-                done, _ = await asyncio.wait({getter, reader, closed}, return_when=asyncio.FIRST_COMPLETED)
-                if getter not in done:
-                    getter.cancel()
-                    if reader in done and reader.exception() is not None:
-                        raise reader.exception()  # type: ignore[misc]
-                    return
-                await context.write(getter.result())
+            done, _ = await asyncio.wait({reader, writer, closed}, return_when=asyncio.FIRST_COMPLETED)
+            for task in (reader, writer):
+                if task in done and task.exception() is not None:
+                    raise task.exception()  # type: ignore[misc]
         finally:
-            reader.cancel()
             closed.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await reader
+            for task in (reader, writer):
+                task.cancel()
+            for task in (reader, writer):
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+
+    @staticmethod
+    async def _write(session: Session, context: Any) -> None:
+        outbox = session.outbox
+        while True:
+            await context.write(await outbox.get())
 
     async def deliver_plan(
         self, node: NodeRecord, facts: HostFacts, *, agent_digest: str = "", agent_generation: int = -1
