@@ -30,12 +30,13 @@ from controller.rpc import unary
 from controller.store.records import NodeRecord
 from controller.tokens import TokenRecord
 from nodeagent import logs
-from nodeagent.model import Health, HostFacts, now_ms
+from nodeagent.model import Health, HostFacts, Plan, now_ms
 from nodeagent.secrets import Secret
 
 log = logs.get_logger("tether.controller.agents")
 NODE_NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?$")
 HEALTH_PERSIST_SECONDS = 60.0
+PLAN_MESSAGE_CACHE = 256
 
 
 def csr_key_hash(csr_pem: bytes) -> str:
@@ -52,6 +53,7 @@ def csr_key_hash(csr_pem: bytes) -> str:
 class AgentService(wire.AgentServiceServicer):
     def __init__(self, app: App) -> None:
         self.app = app
+        self._plan_messages: dict[tuple[str, str, int, str], wire.agent.ControllerMessage] = {}
 
     # -- Enroll -------------------------------------------------------------------------------
 
@@ -256,7 +258,18 @@ class AgentService(wire.AgentServiceServicer):
         if plan.digest != current.plan_digest or plan.generation != current.plan_generation:
             await app.store.set_node_plan(node.name, plan)
         if plan.digest != agent_digest or plan.generation != agent_generation:
-            app.hub.send(node.name, wire.agent.ControllerMessage(plan=wire.plan_to_pb(plan)))
+            app.hub.send(node.name, self._plan_message(plan))
+
+    def _plan_message(self, plan: Plan) -> wire.agent.ControllerMessage:
+        """The plan as a message, converted once per plan (a fleet of alike nodes shares it)."""
+        key = (plan.environment, plan.role, plan.generation, plan.digest)
+        msg = self._plan_messages.get(key)
+        if msg is None:
+            msg = wire.agent.ControllerMessage(plan=wire.plan_to_pb(plan))
+            self._plan_messages[key] = msg
+            while len(self._plan_messages) > PLAN_MESSAGE_CACHE:
+                del self._plan_messages[next(iter(self._plan_messages))]
+        return msg
 
     async def _read(
         self, node: NodeRecord, session: Session, it: AsyncIterator[wire.agent.AgentMessage]
@@ -303,7 +316,8 @@ class AgentService(wire.AgentServiceServicer):
             events.append(e)
         stored = await app.store.append_events(node.name, events)
         session.send(wire.agent.ControllerMessage(ack=wire.agent.Ack(seq=stored)))
-        app.hub.publish(node.name, node.environment, [replace(e, node=node.name) for e in events])
+        # A generator: the copies are made only when someone follows this node's events.
+        app.hub.publish(node.name, node.environment, (replace(e, node=node.name) for e in events))
         await app.cluster.on_events(node, events)
 
     async def _health(self, node: NodeRecord, session: Session, health: Health) -> None:
