@@ -23,7 +23,8 @@ token=$(kubeadm token create --ttl "${TOKEN_TTL}s")
 ca_hash=$(openssl x509 -pubkey -noout -in /etc/kubernetes/pki/ca.crt \\
   | openssl pkey -pubin -outform der | sha256sum | cut -d' ' -f1)
 # The endpoint joining nodes use is the cluster's control-plane endpoint (the server in admin.conf).
-endpoint=$(awk '$1 == "server:" { gsub(/["\\047]/, "", $2); sub("^https://", "", $2); print $2; exit }' "$KUBECONFIG")
+endpoint=$(awk '$1 == "server:" { gsub(/["\\047]/, "", $2); sub("^https://", "", $2); print $2; exit }' \\
+  "$KUBECONFIG")
 {
   printf 'JOIN_TOKEN=%s\\n' "$token"
   printf 'ADMIN_KUBECONFIG_B64=%s\\n' "$(base64 -w0 "$KUBECONFIG")"
