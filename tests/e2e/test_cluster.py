@@ -350,7 +350,10 @@ def test_three_control_planes_behind_a_load_balancer_and_a_worker(
     assert sorted(control_planes) == ["node1", "node2", "node3"]
     for node in sorted({"node1", "node2", "node3"} - {init}):
         log = bed.exec(node, "cat /var/log/kubeadm-standin/kubeadm.log").stdout
-        assert "control-plane" in log and "certificate" in log.lower(), log[-2000:]
+        joins = [json.loads(line) for line in log.splitlines() if '"(effective)", "join"' in line]
+        assert joins and joins[-1]["control_plane"] is True, log[-2000:]
+        assert joins[-1]["certificate_key"].startswith("<redacted sha256:"), log[-2000:]
+        assert joins[-1]["endpoint"] == endpoint
         # dedicated: control planes keep their NoSchedule taint
         assert any(t.get("effect") == "NoSchedule" for t in k8s[node]["spec"].get("taints", []))
         assert [
