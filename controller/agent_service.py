@@ -30,11 +30,14 @@ from controller.rpc import unary
 from controller.store.records import NodeRecord
 from controller.tokens import TokenRecord
 from nodeagent import logs
+from nodeagent.identity import CONTROLLER_SERVER_NAME
 from nodeagent.model import Health, HostFacts, Plan, now_ms
 from nodeagent.secrets import Secret
 
 log = logs.get_logger("tether.controller.agents")
 NODE_NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?$")
+# Names a node certificate must never carry (they name the controller in TLS).
+RESERVED_NAMES = frozenset({CONTROLLER_SERVER_NAME, "localhost"})
 HEALTH_PERSIST_SECONDS = 60.0
 PLAN_MESSAGE_CACHE = 256
 
@@ -67,6 +70,8 @@ class AgentService(wire.AgentServiceServicer):
             raise InvalidArgument(
                 f"invalid node name {request.node_name!r}: use lowercase letters, digits, '-' and '.'"
             )
+        if node_name in RESERVED_NAMES:
+            raise InvalidArgument(f"the node name {node_name!r} is reserved")
         try:
             token_id, secret_part = tokens.parse(token)
         except TokenRejected as exc:
@@ -74,6 +79,7 @@ class AgentService(wire.AgentServiceServicer):
             raise
         key_hash = csr_key_hash(request.csr_pem)
         facts = wire.facts_from_pb(request.facts)
+        started_ms = now_ms()
 
         def is_retry(token_rec: TokenRecord | None, existing: NodeRecord | None) -> bool:
             # The same key asking again with the token it enrolled with (the reply was lost).
@@ -141,6 +147,8 @@ class AgentService(wire.AgentServiceServicer):
         except TokenRejected as exc:
             log.warning("enrollment refused", node=node_name, token_id=token_id, reason=exc.reason)
             raise
+        if node.key_hash == key_hash and node.enrolled_ms >= started_ms:
+            await app.cluster.forget_node(node.environment, node_name)  # a fresh machine under this name
         next_seq = max(node.stored_seq, app.store.max_seq(node_name)) + 1
         log.info(
             "node enrolled", node=node_name, environment=node.environment, role=node.role, token_id=token_id
@@ -183,7 +191,7 @@ class AgentService(wire.AgentServiceServicer):
         session = app.hub.attach(node.name, node.environment)
         with logs.bound(node=node.name):
             try:
-                await self._serve(node, session, first.hello, it, context)
+                await self._serve(node, session, first.hello, it, context, presented=principal.fingerprint)
             finally:
                 app.hub.detach(session)
                 with contextlib.suppress(Exception):
@@ -197,6 +205,7 @@ class AgentService(wire.AgentServiceServicer):
         hello: wire.agent.Hello,
         it: AsyncIterator[wire.agent.AgentMessage],
         context: Any,
+        presented: str = "",
     ) -> None:
         app = self.app
         facts = wire.facts_from_pb(hello.facts)
@@ -225,7 +234,7 @@ class AgentService(wire.AgentServiceServicer):
         await app.cluster.on_connect(node)
         # Three tasks for the life of the stream (not one wait per outgoing message): whichever
         # ends first ends the stream; an error in the reader or the writer is raised here.
-        reader = asyncio.create_task(self._read(node, session, it))
+        reader = asyncio.create_task(self._read(node, session, it, presented))
         writer = asyncio.create_task(self._write(session, context))
         closed = asyncio.create_task(session.closed.wait())
         try:
@@ -272,7 +281,11 @@ class AgentService(wire.AgentServiceServicer):
         return msg
 
     async def _read(
-        self, node: NodeRecord, session: Session, it: AsyncIterator[wire.agent.AgentMessage]
+        self,
+        node: NodeRecord,
+        session: Session,
+        it: AsyncIterator[wire.agent.AgentMessage],
+        presented: str = "",
     ) -> None:
         app = self.app
         async for msg in it:
@@ -286,15 +299,17 @@ class AgentService(wire.AgentServiceServicer):
                 await app.gates.gate_requested(node, msg.gate.step, msg.gate.digest, msg.gate.attempt or 1)
             elif kind == "secrets":
                 s = msg.secrets
-                app.redactor.add(*s.values.values())
-                if await app.gates.secrets_received(node, s.step, dict(s.values), s.command_id):
+                # The gate keeper decides what is accepted; it masks what it keeps.
+                if await app.gates.secrets_received(
+                    node, s.step, dict(s.values), s.command_id, dict(s.outputs)
+                ):
                     session.send(
                         wire.agent.ControllerMessage(
                             ack=wire.agent.Ack(seq=0, secrets=[s.command_id or s.step])
                         )
                     )
             elif kind == "renew":
-                await self._renew(node, session, msg.renew.csr_pem)
+                await self._renew(node, session, msg.renew.csr_pem, presented)
             elif kind == "hello":
                 log.warning("duplicate hello ignored")
             else:
@@ -328,7 +343,9 @@ class AgentService(wire.AgentServiceServicer):
             session.health_saved = now
             await self.app.store.update_node(node.name, health=asdict(health), last_seen_ms=now_ms())
 
-    async def _renew(self, node: NodeRecord, session: Session, csr_pem: bytes) -> None:
+    async def _renew(self, node: NodeRecord, session: Session, csr_pem: bytes, presented: str) -> None:
+        """Sign a new certificate for the node's own key. The certificate it presented stays valid
+        (as the previous one) until the new one is seen, so a lost reply never locks it out."""
         app = self.app
         current = app.store.get_node(node.name)
         if current is None or current.revoked:
@@ -338,7 +355,9 @@ class AgentService(wire.AgentServiceServicer):
             return
         issued = app.ca.sign_node_csr(csr_pem, node.name, app.config.node_cert_days)
         await app.store.update_node(
-            node.name, cert_fingerprint=issued.fingerprint, prev_fingerprint=current.cert_fingerprint
+            node.name,
+            cert_fingerprint=issued.fingerprint,
+            prev_fingerprint=presented or current.cert_fingerprint,
         )
         session.send(
             wire.agent.ControllerMessage(certificate=wire.agent.Certificate(certificate_pem=issued.cert_pem))
