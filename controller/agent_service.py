@@ -8,7 +8,7 @@ import hashlib
 import re
 import time
 from collections.abc import AsyncIterator
-from dataclasses import asdict, replace
+from dataclasses import asdict, fields, is_dataclass, replace
 from typing import Any
 
 import grpc
@@ -31,7 +31,7 @@ from controller.store.records import NodeRecord
 from controller.tokens import TokenRecord
 from nodeagent import logs
 from nodeagent.identity import CONTROLLER_SERVER_NAME
-from nodeagent.model import Health, HostFacts, Plan, now_ms
+from nodeagent.model import HostFacts, Plan, now_ms
 from nodeagent.secrets import Secret
 
 log = logs.get_logger("tether.controller.agents")
@@ -39,6 +39,23 @@ NODE_NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?$")
 # Names a node certificate must never carry (they name the controller in TLS).
 RESERVED_NAMES = frozenset({CONTROLLER_SERVER_NAME, "localhost"})
 HEALTH_PERSIST_SECONDS = 60.0
+
+
+def plain(value: Any) -> Any:
+    """``dataclasses.asdict`` for our frozen records, without its deep copies (same JSON)."""
+    names = _FIELDS.get(type(value))
+    if names is None and is_dataclass(value) and not isinstance(value, type):
+        names = _FIELDS[type(value)] = tuple(f.name for f in fields(value))
+    if names is not None:
+        return {name: plain(getattr(value, name)) for name in names}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    return value
+
+
+_FIELDS: dict[type, tuple[str, ...]] = {}
 PLAN_MESSAGE_CACHE = 256
 
 
@@ -210,7 +227,7 @@ class AgentService(wire.AgentServiceServicer):
         app = self.app
         facts = wire.facts_from_pb(hello.facts)
         await app.store.update_node(
-            node.name, facts=asdict(facts), agent_version=hello.agent_version, last_seen_ms=now_ms()
+            node.name, facts=plain(facts), agent_version=hello.agent_version, last_seen_ms=now_ms()
         )
         await context.write(
             wire.agent.ControllerMessage(
@@ -294,7 +311,10 @@ class AgentService(wire.AgentServiceServicer):
             if kind == "events":
                 await self._events(node, session, msg.events.events)
             elif kind == "health":
-                await self._health(node, session, wire.health_from_pb(msg.health))
+                session.report_health(msg.health, wire.health_from_pb)
+                saved = session.health_saved
+                if not saved or session.last_seen - saved >= HEALTH_PERSIST_SECONDS:
+                    await self._save_health(node, session)
             elif kind == "gate":
                 await app.gates.gate_requested(node, msg.gate.step, msg.gate.digest, msg.gate.attempt or 1)
             elif kind == "secrets":
@@ -335,13 +355,12 @@ class AgentService(wire.AgentServiceServicer):
         app.hub.publish(node.name, node.environment, (replace(e, node=node.name) for e in events))
         await app.cluster.on_events(node, events)
 
-    async def _health(self, node: NodeRecord, session: Session, health: Health) -> None:
-        first = session.health is None
-        session.health = health
-        now = time.monotonic()
-        if first or now - session.health_saved >= HEALTH_PERSIST_SECONDS:
-            session.health_saved = now
-            await self.app.store.update_node(node.name, health=asdict(health), last_seen_ms=now_ms())
+    async def _save_health(self, node: NodeRecord, session: Session) -> None:
+        """The first report of a stream, then one a minute, goes to the store."""
+        session.health_saved = time.monotonic()
+        health = session.health
+        assert health is not None
+        await self.app.store.update_node(node.name, health=plain(health), last_seen_ms=now_ms())
 
     async def _renew(self, node: NodeRecord, session: Session, csr_pem: bytes, presented: str) -> None:
         """Sign a new certificate for the node's own key. The certificate it presented stays valid

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,9 +21,27 @@ class Session:
     outbox: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
     connected_at: float = field(default_factory=time.monotonic)
     last_seen: float = field(default_factory=time.monotonic)
-    health: Health | None = None
     health_saved: float = 0.0
     closed: asyncio.Event = field(default_factory=asyncio.Event)
+    # The latest health report as it arrived, decoded only when someone reads ``health``:
+    # heartbeats are the most frequent message, and most are never looked at.
+    _report: Any = field(default=None, repr=False)
+    _decode: Callable[[Any], Health] | None = field(default=None, repr=False)
+    _health: Health | None = field(default=None, repr=False)
+
+    @property
+    def health(self) -> Health | None:
+        if self._report is not None and self._decode is not None:
+            self._health, self._report = self._decode(self._report), None
+        return self._health
+
+    @health.setter
+    def health(self, value: Health | None) -> None:
+        self._health, self._report = value, None
+
+    def report_health(self, report: Any, decode: Callable[[Any], Health]) -> None:
+        """Keep ``report`` (a wire message) as the latest health; ``decode`` turns it into ``Health``."""
+        self._report, self._decode = report, decode
 
     def send(self, msg: Any) -> None:
         self.outbox.put_nowait(msg)

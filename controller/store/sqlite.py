@@ -302,7 +302,9 @@ class SqliteStore:
         return await self._write(fn)
 
     def get_environment(self, name: str) -> EnvironmentRecord | None:
-        rows = self._query("SELECT generation, created_ms, updated_ms FROM environments WHERE name=?", (name,))
+        rows = self._query(
+            "SELECT generation, created_ms, updated_ms FROM environments WHERE name=?", (name,)
+        )
         if not rows:
             self._environments.pop(name, None)
             return None
