@@ -254,6 +254,9 @@ async def _agent(run: _Run, bundles: BundleSource, delivery: Delivery) -> None:
                 with contextlib.suppress(Exception):
                     await run.registry.revoke_token(token.token_id)
             raise
+        finally:
+            if token is not None:  # it has been handed over (or revoked): nothing prints it from here
+                PROCESS_REDACTOR.discard(token.token)
         h.done(f"{UNIT_NAME} enabled and {'restarted' if reinstall else 'started'}")
 
 

@@ -124,7 +124,6 @@ def _ssh_opener(app: App, target: Any, redactor: Redactor) -> tuple[str, Opener,
     )
     for secret in credentials.secrets():
         redactor.add(secret)
-        PROCESS_REDACTOR.add(secret)  # dropped again when the call ends (run's finally)
     user = target.user or "root"
     try:
         endpoint = ssh.SshEndpoint(target.host, target.port or ssh.DEFAULT_PORT, user)
@@ -188,74 +187,77 @@ async def run(app: App, request: Any, who: str) -> AsyncIterator[Any]:
         raise InvalidArgument(str(exc)) from None
     redactor = Redactor()
     held: list[Secret] = []
-    kind = request.WhichOneof("target")
-    if kind == "ssh":
-        label, opener, held = _ssh_opener(app, request.ssh, redactor)
-    elif kind == "ssm":
-        label, opener = _ssm_opener(request.ssm)
-    else:
-        raise InvalidArgument("a target is required: ssh or ssm")
-    controller = request.controller or app.advertise
     try:
-        split_address(controller)
-    except Exception as exc:
-        raise InvalidArgument(f"controller: {exc}") from None
-    plan = Request(
-        environment=request.environment,
-        role=role,
-        controller=controller,
-        node_name=request.node_name,
-        force=request.force,
-        verify_timeout=float(request.verify_timeout_seconds or DEFAULT_VERIFY_SECONDS),
-    )
-    log.info("bootstrap requested", target=label, environment=plan.environment, role=role, by=who)
-    events: asyncio.Queue[BootstrapEvent] = asyncio.Queue()
-    async with contextlib.AsyncExitStack() as stack:
-        delivery: Delivery = Push()
-        if kind == "ssm" and request.ssm.bundle_s3_uri:
-            try:
-                delivery = S3Presigned(request.ssm.bundle_s3_uri, _s3_client(request.ssm))
-            except ValueError as exc:
-                raise InvalidArgument(str(exc)) from None
+        kind = request.WhichOneof("target")
+        if kind == "ssh":
+            label, opener, held = _ssh_opener(app, request.ssh, redactor)
+            PROCESS_REDACTOR.add(*held)  # masked in every log line of this process while the call runs
         elif kind == "ssm":
-            listen_host = split_address(app.config.listen)[0]
-            server = BundleServer(
-                "0.0.0.0" if listen_host in WILDCARDS else listen_host,  # noqa: S104 (the controller's own choice)
-                advertise_host=split_address(controller)[0],
-            )
-            delivery = Served(await stack.enter_async_context(server), "downloaded from the controller")
-        task = asyncio.create_task(
-            adopt(
-                opener,
-                label,
-                plan,
-                registry=StoreRegistry(app, who),
-                bundles=_builder(app),
-                delivery=delivery,
-                sink=events.put_nowait,
-                redactor=redactor,
-            )
-        )
+            label, opener = _ssm_opener(request.ssm)
+        else:
+            raise InvalidArgument("a target is required: ssh or ssm")
+        controller = request.controller or app.advertise
         try:
-            while not (task.done() and events.empty()):
-                getter = asyncio.ensure_future(events.get())
-                await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
-                if getter.done():
-                    yield event_to_pb(getter.result())
-                else:
-                    getter.cancel()
-            result = task.result()
-            log.info(
-                "bootstrap finished",
-                target=label,
-                node=result.node,
-                outcome=result.outcome.value,
-                seconds=round(result.seconds, 1),
-                by=who,
+            split_address(controller)
+        except Exception as exc:
+            raise InvalidArgument(f"controller: {exc}") from None
+        plan = Request(
+            environment=request.environment,
+            role=role,
+            controller=controller,
+            node_name=request.node_name,
+            force=request.force,
+            verify_timeout=float(request.verify_timeout_seconds or DEFAULT_VERIFY_SECONDS),
+        )
+        log.info("bootstrap requested", target=label, environment=plan.environment, role=role, by=who)
+        events: asyncio.Queue[BootstrapEvent] = asyncio.Queue()
+        async with contextlib.AsyncExitStack() as stack:
+            delivery: Delivery = Push()
+            if kind == "ssm" and request.ssm.bundle_s3_uri:
+                try:
+                    delivery = S3Presigned(request.ssm.bundle_s3_uri, _s3_client(request.ssm))
+                except ValueError as exc:
+                    raise InvalidArgument(str(exc)) from None
+            elif kind == "ssm":
+                listen_host = split_address(app.config.listen)[0]
+                server = BundleServer(
+                    "0.0.0.0" if listen_host in WILDCARDS else listen_host,  # noqa: S104 (the controller's own choice)
+                    advertise_host=split_address(controller)[0],
+                )
+                delivery = Served(await stack.enter_async_context(server), "downloaded from the controller")
+            task = asyncio.create_task(
+                adopt(
+                    opener,
+                    label,
+                    plan,
+                    registry=StoreRegistry(app, who),
+                    bundles=_builder(app),
+                    delivery=delivery,
+                    sink=events.put_nowait,
+                    redactor=redactor,
+                )
             )
-        finally:
-            if not task.done():
-                task.cancel()  # the client went away: stop, and close the connection to the machine
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
-            PROCESS_REDACTOR.discard(*held)  # the credentials lived for this call only
+            try:
+                while not (task.done() and events.empty()):
+                    getter = asyncio.ensure_future(events.get())
+                    await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
+                    if getter.done():
+                        yield event_to_pb(getter.result())
+                    else:
+                        getter.cancel()
+                result = task.result()
+                log.info(
+                    "bootstrap finished",
+                    target=label,
+                    node=result.node,
+                    outcome=result.outcome.value,
+                    seconds=round(result.seconds, 1),
+                    by=who,
+                )
+            finally:
+                if not task.done():
+                    task.cancel()  # the client went away: stop, and close the connection to the machine
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await task
+    finally:
+        PROCESS_REDACTOR.discard(*held)  # the credentials lived for this call only

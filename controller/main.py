@@ -34,8 +34,37 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--heartbeat-seconds", type=int, default=30, help="agents' health report interval")
     s.add_argument("--node-cert-days", type=float, default=30.0, help="lifetime of node certificates")
     s.add_argument("--log-level", default="info")
+    admin = sub.add_parser("admin", help="admin credentials").add_subparsers(dest="verb", required=True)
+    issue = admin.add_parser("issue", help="write an admin config for another operator or a platform client")
+    issue.add_argument("--data-dir", type=Path, default=Path("/var/lib/tether-controller"))
+    issue.add_argument("--name", required=True, help="who it is for (recorded in its certificate)")
+    issue.add_argument("--role", choices=("admin", "read-only"), default="read-only")
+    issue.add_argument("--days", type=float, default=365.0, help="certificate lifetime")
+    issue.add_argument("--out", type=Path, required=True, help="where to write it (mode 0600)")
     sub.add_parser("version", help="print the version")
     return p
+
+
+def issue_admin(args: argparse.Namespace) -> int:
+    """Sign an admin certificate with the controller's CA and write a complete admin config."""
+    from controller.adminconf import AdminConfig
+    from controller.ca import CertificateAuthority
+
+    current = args.data_dir / "admin.conf"
+    if not (args.data_dir / "pki" / "ca.key").exists() or not current.exists():
+        print(
+            f"tether-controller: no controller state in {args.data_dir} (start the controller once)",
+            file=sys.stderr,
+        )
+        return 1
+    ca = CertificateAuthority.load_or_create(args.data_dir / "pki")
+    address = AdminConfig.read(current).controller
+    key_pem, issued = ca.issue_admin(args.name, args.role, days=args.days)
+    AdminConfig(address, ca.ca_hash, ca.cert_pem, issued.cert_pem, key_pem, args.name, args.role).write(
+        args.out
+    )
+    print(f"wrote {args.out}: {args.role} access for {args.name!r} to {address}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
 
         print(__version__)
         return 0
+    if args.command == "admin":
+        return issue_admin(args)
     logs.configure(args.log_level)
     config = ControllerConfig(
         data_dir=args.data_dir,

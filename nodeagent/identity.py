@@ -22,7 +22,7 @@ from typing import Any
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from nodeagent import anonymous
 from nodeagent.errors import ControllerUnavailable, IdentityError
@@ -124,11 +124,27 @@ def fetch_controller_ca(address: str, expected_hash: str, *, timeout: float = 10
             raise IdentityError(
                 f"controller at {address}: server certificate not signed by the pinned CA"
             ) from exc
+        check_server_leaf(leaf, address)
         return cert.public_bytes(serialization.Encoding.PEM)
     seen = ", ".join(spki_hash(c) for c in chain[1:]) or "none"
     raise IdentityError(
         f"controller at {address} does not present the pinned CA {pin} (it presents {seen}); check --ca-hash"
     )
+
+
+def check_server_leaf(leaf: x509.Certificate, address: str) -> None:
+    """The certificate presented must be a controller's (serverAuth, named tether-controller), not a
+    client certificate the same CA issued to a node or an admin."""
+    try:
+        eku = leaf.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+        sans = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        names = sans.get_values_for_type(x509.DNSName)
+    except x509.ExtensionNotFound:
+        raise IdentityError(
+            f"{address} presented a certificate of the pinned CA that is not a controller's"
+        ) from None
+    if ExtendedKeyUsageOID.SERVER_AUTH not in eku or CONTROLLER_SERVER_NAME not in names:
+        raise IdentityError(f"{address} presented a certificate of the pinned CA that is not a controller's")
 
 
 def split_address(address: str) -> tuple[str, int]:

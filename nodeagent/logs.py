@@ -45,9 +45,16 @@ def redact_processor(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> M
 
 
 class _RedactingFilter(logging.Filter):
+    """Scrubs third-party log records: the message and any traceback (formatted here, then masked)."""
+
     def filter(self, record: logging.LogRecord) -> bool:
         record.msg = PROCESS_REDACTOR.redact(record.getMessage())
         record.args = None
+        if record.exc_info:
+            record.exc_text = PROCESS_REDACTOR.redact(logging.Formatter().formatException(record.exc_info))
+            record.exc_info = None
+        if record.stack_info:
+            record.stack_info = PROCESS_REDACTOR.redact(record.stack_info)
         return True
 
 

@@ -102,7 +102,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "status":
         from nodeagent.session import state_summary
 
-        print(json.dumps(state_summary(args.state_dir), indent=2))
+        try:
+            print(json.dumps(state_summary(args.state_dir), indent=2))
+        except AgentError as exc:
+            print(f"tether-agent: {exc}", file=sys.stderr)
+            return 1
+        except BrokenPipeError:
+            return 0
         return 0
     try:
         config = _load_config(args)

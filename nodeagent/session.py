@@ -411,7 +411,9 @@ class Agent:
 def state_summary(state_dir: Path) -> dict[str, object]:
     """What ``tether-agent status`` prints: identity, journal and outbox, read from disk."""
     store = IdentityStore(state_dir)
-    db = StateDB(state_dir / "state.db")
+    if not (state_dir / "state.db").exists():
+        raise AgentError(f"no agent state in {state_dir} (has the agent run here?)")
+    db = StateDB(state_dir / "state.db", readonly=True)
     try:
         executor_plan = db.get_meta("plan")
         from nodeagent.executor import plan_from_json

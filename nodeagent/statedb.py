@@ -23,14 +23,22 @@ CREATE TABLE IF NOT EXISTS outbox (seq INTEGER PRIMARY KEY, body TEXT NOT NULL);
 
 
 class StateDB:
-    def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    def __init__(self, path: Path, *, readonly: bool = False) -> None:
         self.path = path
+        self._depth = 0
+        if readonly:  # for `tether-agent status`: look, never create or change anything
+            self.conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, isolation_level=None)
+            return
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self.conn.execute("PRAGMA journal_mode=WAL")
         self.conn.execute("PRAGMA synchronous=FULL")
         self.conn.executescript(SCHEMA)
-        path.chmod(0o600)
+        # The WAL holds plan scripts, step environments and output: as private as the database.
+        for suffix in ("", "-wal", "-shm"):
+            p = path.with_name(path.name + suffix)
+            if p.exists():
+                p.chmod(0o600)
         self._depth = 0
 
     @contextmanager

@@ -33,7 +33,7 @@ def wait_for(fn: Callable[[], T], timeout: float = 30.0, interval: float = 0.2, 
 
 
 class Controller:
-    """``tether-controller serve`` on ``host`` (loopback; the e2e tier uses a testbed bridge) and a free port."""
+    """``tether-controller serve`` on ``host`` (loopback; e2e: a testbed bridge) and a free port."""
 
     def __init__(self, workdir: Path, host: str = "127.0.0.1") -> None:
         self.host = host

@@ -127,19 +127,34 @@ def test_unknown_environment_and_role_are_clear_errors(controller: Controller, e
 
 
 def test_read_only_admin_cannot_create_tokens(controller: Controller, env: str, tmp_path: Path) -> None:
+    import subprocess
+
     import yaml
 
-    from controller.adminconf import AdminConfig
-    from controller.ca import CertificateAuthority
+    from tests.integration.harness import BIN
 
-    ca = CertificateAuthority.load_or_create(controller.data_dir / "pki")
-    key, issued = ca.issue_admin("viewer", "read-only")
-    conf = AdminConfig.read(controller.config)
-    ro = tmp_path / "ro.conf"
-    AdminConfig(
-        conf.controller, conf.ca_hash, conf.ca_pem, issued.cert_pem, key, "viewer", "read-only"
-    ).write(ro)
+    ro = tmp_path / "viewer.conf"
+    out = subprocess.run(
+        [
+            str(BIN / "tether-controller"),
+            "admin",
+            "issue",
+            "--data-dir",
+            str(controller.data_dir),
+            "--name",
+            "viewer",
+            "--role",
+            "read-only",
+            "--out",
+            str(ro),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "read-only access for 'viewer'" in out.stdout
     assert yaml.safe_load(ro.read_text())["role"] == "read-only"
+    assert ro.stat().st_mode & 0o077 == 0
     listed = controller.ctl("--config", str(ro), "env", "list")
     assert "prod" in listed.stdout
     out = controller.ctl("--config", str(ro), "token", "create", "--env", env, check=False)

@@ -128,3 +128,16 @@ def test_admin_roles(ca: CertificateAuthority) -> None:
 def test_no_client_certificate_is_unauthenticated(ca: CertificateAuthority) -> None:
     with pytest.raises(Unauthenticated):
         Authenticator(ca).principal(Ctx(None))
+
+
+def test_only_a_controller_certificate_passes_the_server_check(ca: CertificateAuthority) -> None:
+    from nodeagent.errors import IdentityError
+    from nodeagent.identity import check_server_leaf
+
+    _, chain = ca.server_credentials(["10.0.0.1"])
+    check_server_leaf(x509.load_pem_x509_certificate(chain), "x:1")  # the first PEM block is the leaf
+    node_cert = ca.sign_node_csr(make_csr(generate_key(), "n"), "n", days=1)
+    _, admin = ca.issue_admin("a", "admin")
+    for pem in (node_cert.cert_pem, admin.cert_pem):
+        with pytest.raises(IdentityError):
+            check_server_leaf(x509.load_pem_x509_certificate(pem), "x:1")

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
+
+import pytest
 
 from nodeagent.journal import Journal, JournalState
 from nodeagent.model import Event, EventKind
@@ -99,3 +102,24 @@ def test_journal_and_outbox_commit_together_or_not_at_all(tmp_path: Path) -> Non
         pass
     assert journal.get("d") is None
     assert box.count() == 0
+
+
+def test_write_ahead_log_files_are_private_too(tmp_path: Path) -> None:
+    db = open_db(tmp_path)
+    Outbox(db).append([ev("a")])
+    db.close()
+    open_db(tmp_path)  # reopening fixes modes of files created since
+    for suffix in ("-wal", "-shm"):
+        path = tmp_path / f"state.db{suffix}"
+        if path.exists():
+            assert path.stat().st_mode & 0o077 == 0, suffix
+
+
+def test_readonly_open_changes_nothing(tmp_path: Path) -> None:
+    db = open_db(tmp_path)
+    Outbox(db).append([ev("a")])
+    db.close()
+    ro = StateDB(tmp_path / "state.db", readonly=True)
+    assert Outbox(ro).count() == 1
+    with pytest.raises(sqlite3.OperationalError):
+        Outbox(ro).append([ev("b")])

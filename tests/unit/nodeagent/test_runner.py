@@ -117,7 +117,10 @@ async def test_missing_shell_is_a_clean_failure(tmp_path: Path) -> None:
 
 async def test_outputs_travel_with_secrets_but_are_not_masked(tmp_path: Path) -> None:
     runner = make_runner(tmp_path)
-    script = 'echo "ENDPOINT=10.0.0.2:6443" >> "$TETHER_OUTPUTS"\necho "TOKEN=abcdef.0123456789abcdef" >> "$TETHER_SECRETS_OUT"\n'
+    script = (
+        'echo "ENDPOINT=10.0.0.2:6443" >> "$TETHER_OUTPUTS"\n'
+        'echo "TOKEN=abcdef.0123456789abcdef" >> "$TETHER_SECRETS_OUT"\n'
+    )
     result = await runner.run(Step(name="s", script=script).sealed(), Sink())
     assert result.outputs == {"ENDPOINT": "10.0.0.2:6443"}
     assert runner.redactor.redact("10.0.0.2:6443 abcdef.0123456789abcdef") == "10.0.0.2:6443 [REDACTED]"

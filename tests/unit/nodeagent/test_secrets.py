@@ -66,3 +66,22 @@ def test_discard_forgets_a_value_added_for_one_call_only() -> None:
     assert r.redact("shared-secret-value") == "shared-secret-value"
     r.discard("never-added-value")
     assert len(r) == 0
+
+
+def test_third_party_tracebacks_are_masked_too() -> None:
+    import io
+    import logging
+
+    from nodeagent import logs
+    from nodeagent.secrets import PROCESS_REDACTOR
+
+    stream = io.StringIO()
+    logs.configure("info", stream=stream, json=True)
+    PROCESS_REDACTOR.add("traceback-canary-7731")
+    try:
+        raise RuntimeError("failed with traceback-canary-7731")
+    except RuntimeError:
+        logging.getLogger("grpc.some.lib").exception("library error")
+    PROCESS_REDACTOR.discard("traceback-canary-7731")
+    out = stream.getvalue()
+    assert "RuntimeError" in out and "traceback-canary-7731" not in out
