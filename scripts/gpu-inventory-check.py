@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from nodeagent import facts  # noqa: E402
+from nodeagent import facts
 
 
 def main() -> int:
@@ -40,17 +40,30 @@ def main() -> int:
             problems.append(f"GPU {g.index} has incomplete data: {g}")
     if [dataclasses.asdict(g) for g in health.gpus] != [dataclasses.asdict(g) for g in host.gpus]:
         problems.append("health report GPUs differ from host facts GPUs")
-    print(json.dumps({
-        "python": sys.version.split()[0],
-        "nvidia_smi_L": listed_gpus,
-        "pci_nvidia_devices": pci,
-        "facts": {"nvidia_gpu": host.nvidia_gpu, "os": host.os_pretty, "arch": host.arch, "kernel": host.kernel,
-                  "gpus": [dataclasses.asdict(g) for g in host.gpus]},
-        "health": {"gpus": len(health.gpus), "memory_total_bytes": health.memory_total_bytes,
-                   "load1": health.load1},
-        "problems": problems,
-        "ok": not problems,
-    }, indent=2))
+    print(
+        json.dumps(
+            {
+                "python": sys.version.split()[0],
+                "nvidia_smi_L": listed_gpus,
+                "pci_nvidia_devices": pci,
+                "facts": {
+                    "nvidia_gpu": host.nvidia_gpu,
+                    "os": host.os_pretty,
+                    "arch": host.arch,
+                    "kernel": host.kernel,
+                    "gpus": [dataclasses.asdict(g) for g in host.gpus],
+                },
+                "health": {
+                    "gpus": len(health.gpus),
+                    "memory_total_bytes": health.memory_total_bytes,
+                    "load1": health.load1,
+                },
+                "problems": problems,
+                "ok": not problems,
+            },
+            indent=2,
+        )
+    )
     return 1 if problems else 0
 
 

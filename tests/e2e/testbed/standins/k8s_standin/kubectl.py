@@ -480,7 +480,9 @@ def _jp_render(tokens: list[tuple[str, str]], i: int, current: Any) -> tuple[str
             out.append(json.loads(inner))
             continue
         values = _walk([current], inner.lstrip("@").lstrip("."))
-        out.append(" ".join(v if isinstance(v, str) else json.dumps(v, separators=(",", ":")) for v in values))
+        out.append(
+            " ".join(v if isinstance(v, str) else json.dumps(v, separators=(",", ":")) for v in values)
+        )
     return "".join(out), i
 
 
