@@ -61,8 +61,12 @@ class Outbox:
         return int(self._db.conn.execute("SELECT COUNT(*) FROM outbox").fetchone()[0])
 
     def ack(self, seq: int) -> int:
-        """The controller stored everything up to ``seq``: drop it. Returns how many were dropped."""
-        with self._db.transaction() as c:
+        """The controller stored everything up to ``seq``: drop it. Returns how many were dropped.
+
+        Not fsync'd: if the power takes this commit, the events are sent again and the
+        controller, which stores by (node, seq), ignores them.
+        """
+        with self._db.transaction(durable=False) as c:
             dropped = c.execute("DELETE FROM outbox WHERE seq<=?", (seq,)).rowcount
             if seq > self.acked_seq:
                 c.execute("INSERT OR REPLACE INTO meta VALUES ('acked_seq', ?)", (str(seq),))

@@ -26,6 +26,7 @@ class StateDB:
     def __init__(self, path: Path, *, readonly: bool = False) -> None:
         self.path = path
         self._depth = 0
+        self._durable = True  # of the open transaction (meaningful while _depth > 0)
         if readonly:  # for `tether-agent status`: look, never create or change anything
             self.conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, isolation_level=None)
             return
@@ -42,25 +43,39 @@ class StateDB:
         self._depth = 0
 
     @contextmanager
-    def transaction(self) -> Iterator[sqlite3.Connection]:
-        """One durable commit for everything inside (nested uses join the outer one)."""
+    def transaction(self, *, durable: bool = True) -> Iterator[sqlite3.Connection]:
+        """One durable commit for everything inside (nested uses join the outer one).
+
+        ``durable=False`` commits without waiting for the disk: for changes that may be lost
+        with the power but never reordered (the WAL is written in order, so the next durable
+        commit makes this one durable too), such as dropping events the controller has
+        acknowledged. A nested transaction cannot ask for more durability than the outer one.
+        """
         if self._depth:
+            if durable and not self._durable:
+                raise RuntimeError("a durable transaction cannot nest inside a non-durable one")
             self._depth += 1
             try:
                 yield self.conn
             finally:
                 self._depth -= 1
             return
-        self.conn.execute("BEGIN IMMEDIATE")
-        self._depth = 1
+        if not durable:
+            self.conn.execute("PRAGMA synchronous=NORMAL")  # cannot change inside a transaction
         try:
-            yield self.conn
-        except BaseException:
+            self.conn.execute("BEGIN IMMEDIATE")
+            self._depth, self._durable = 1, durable
+            try:
+                yield self.conn
+            except BaseException:
+                self._depth = 0
+                self.conn.execute("ROLLBACK")
+                raise
             self._depth = 0
-            self.conn.execute("ROLLBACK")
-            raise
-        self._depth = 0
-        self.conn.execute("COMMIT")
+            self.conn.execute("COMMIT")
+        finally:
+            if not durable:
+                self.conn.execute("PRAGMA synchronous=FULL")
 
     def get_meta(self, key: str, default: str = "") -> str:
         row = self.conn.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
