@@ -278,19 +278,29 @@ class Executor:
                 )
             log.info("step started", attempt=attempt)
 
-            async def sink(lines: list[str], _attempt: int = attempt) -> None:
-                self.emit(
-                    Event(
-                        kind=EventKind.OUTPUT,
-                        step=step.name,
-                        digest=step.digest,
-                        attempt=_attempt,
-                        lines=tuple(lines),
-                        plan_generation=plan.generation,
-                    )
+            def output(lines: list[str], _attempt: int = attempt) -> Event:
+                return Event(
+                    kind=EventKind.OUTPUT,
+                    step=step.name,
+                    digest=step.digest,
+                    attempt=_attempt,
+                    lines=tuple(lines),
+                    plan_generation=plan.generation,
                 )
 
-            result = await self.runner.run(step, sink, secret_env=secrets, extra_env=self._env)
+            async def sink(lines: list[str]) -> None:
+                self.emit(output(lines))
+
+            # The output still buffered when the step ends is recorded with its result: one
+            # durable commit instead of two (most steps print less than one batch).
+            tail: list[str] = []
+
+            async def last(lines: list[str], _tail: list[str] = tail) -> None:
+                _tail.extend(lines)
+
+            result = await self.runner.run(
+                step, sink, secret_env=secrets, extra_env=self._env, final_output=last
+            )
             if result.ok and (result.secrets or result.outputs):
                 self._on_secrets(step.name, result.secrets, result.outputs)
             final = attempt == attempts or result.ok
@@ -316,6 +326,8 @@ class Executor:
                     boot_id=self._boot_id(),
                     plan_digest=plan.digest,
                 )
+                if tail:
+                    self.emit(output(tail))
                 self.emit(
                     Event(
                         kind=kind,

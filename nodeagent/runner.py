@@ -153,7 +153,13 @@ class Runner:
         secret_env: Mapping[str, str] | None = None,
         extra_env: Mapping[str, str] | None = None,
         on_start: Callable[[int], None] | None = None,
+        final_output: OutputSink | None = None,
     ) -> StepResult:
+        """Run ``step``; output goes to ``on_output`` in batches while it runs.
+
+        With ``final_output``, the lines still buffered when the step ends go there instead
+        (not when the run is cancelled), so a caller can record them together with the result.
+        """
         script = self._write_script(step)
         work = _make_workdir()
         provenance, secrets_out, outputs_out = work / "provenance", work / "secrets", work / "outputs"
@@ -187,7 +193,7 @@ class Runner:
         pump = _OutputPump(self, on_output)
         reader = asyncio.create_task(pump.read(proc.stdout))
         flusher = asyncio.create_task(pump.flush_periodically())
-        timed_out = False
+        timed_out = cancelled = False
         try:
             timeout = step.timeout_seconds or None
             try:
@@ -199,6 +205,7 @@ class Runner:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(asyncio.shield(reader), 2.0)
         except asyncio.CancelledError:
+            cancelled = True
             await self._terminate(proc)
             raise
         finally:
@@ -208,7 +215,7 @@ class Runner:
                 await reader
             with contextlib.suppress(asyncio.CancelledError):
                 await flusher
-            await pump.flush()
+            await pump.flush(final_output if final_output is not None and not cancelled else None)
             self.current_pgid = 0
             observed = _read_kv(provenance)
             secrets = _read_kv(secrets_out)
@@ -277,12 +284,12 @@ class _OutputPump:
             await asyncio.sleep(self._runner.batch_interval)
             await self.flush()
 
-    async def flush(self) -> None:
+    async def flush(self, to: OutputSink | None = None) -> None:
         async with self._lock:
             if not self._buf:
                 return
             lines, self._buf = self._buf, []
-            await self._sink(lines)
+            await (to or self._sink)(lines)
 
 
 def _make_workdir() -> Path:
