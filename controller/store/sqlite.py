@@ -152,17 +152,25 @@ class _Writer:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             outcomes = [(fut, None, exc) for _, fut in batch]
-        for fut, result, error in outcomes:
-            fut.get_loop().call_soon_threadsafe(_resolve, fut, result, error)
+        # One wake-up of each waiting event loop per commit, not one per write.
+        by_loop: dict[asyncio.AbstractEventLoop, list[_Outcome]] = {}
+        for outcome in outcomes:
+            by_loop.setdefault(outcome[0].get_loop(), []).append(outcome)
+        for loop, items in by_loop.items():
+            loop.call_soon_threadsafe(_resolve_all, items)
 
 
-def _resolve(fut: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
-    if fut.done():
-        return
-    if error is not None:
-        fut.set_exception(error)
-    else:
-        fut.set_result(result)
+_Outcome = tuple[asyncio.Future[Any], Any, BaseException | None]
+
+
+def _resolve_all(outcomes: list[_Outcome]) -> None:
+    for fut, result, error in outcomes:
+        if fut.done():
+            continue
+        if error is not None:
+            fut.set_exception(error)
+        else:
+            fut.set_result(result)
 
 
 def _env(row: sqlite3.Row | tuple[Any, ...]) -> EnvironmentRecord:
