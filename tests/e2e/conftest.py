@@ -7,7 +7,8 @@ first use (~1-2 min, cached under /var/cache/tether-testbed) before the first te
 Fixtures:
 - ``testbed_factory(nodes=3, *, lb=False, volatile=False) -> Testbed``: a fresh testbed per call, all
   torn down at the end of the session (and checked to leave nothing behind);
-- ``testbed``: one shared 3-node testbed with a load balancer, for tests that do not change the nodes.
+- ``testbed``: one shared 3-node testbed with a load balancer, for tests that do not change the nodes;
+- ``fresh_testbed(nodes=3, *, lb=False, volatile=False) -> Testbed``: testbeds removed when the test ends.
 """
 
 from __future__ import annotations
@@ -98,3 +99,19 @@ def testbed_factory(
 @pytest.fixture(scope="session")
 def testbed(testbed_factory: Callable[..., Testbed]) -> Testbed:
     return testbed_factory(3, lb=True)
+
+
+@pytest.fixture
+def fresh_testbed(testbed_factory: Callable[..., Testbed]) -> Iterator[Callable[..., Testbed]]:
+    """Like ``testbed_factory``, but what a test makes is removed when that test ends (a session of
+    many e2e modules would otherwise keep dozens of nodes, with containerd and kubelets, running)."""
+    made: list[Testbed] = []
+
+    def make(nodes: int = 3, *, lb: bool = False, volatile: bool = False) -> Testbed:
+        bed = testbed_factory(nodes, lb=lb, volatile=volatile)
+        made.append(bed)
+        return bed
+
+    yield make
+    problems = [p for bed in made for p in bed.down()]
+    assert not problems, f"testbed teardown left: {problems}"

@@ -229,9 +229,9 @@ def assert_no_secret_anywhere(lab: Lab, env: str, secrets: list[str], nodes: lis
 
 
 def test_one_control_plane_two_workers_waiting_refusal_and_refresh(
-    testbed_factory: Callable[..., Testbed], lab_factory: Callable[[Testbed], Lab]
+    fresh_testbed: Callable[..., Testbed], lab_factory: Callable[[Testbed], Lab]
 ) -> None:
-    bed = testbed_factory(5)
+    bed = fresh_testbed(5)
     lab = lab_factory(bed)
     lab.apply(environment(bed, "c1", control_planes=1, workers=2), "c1")
     secrets: list[str] = []
@@ -327,9 +327,9 @@ def test_one_control_plane_two_workers_waiting_refusal_and_refresh(
 
 
 def test_three_control_planes_behind_a_load_balancer_and_a_worker(
-    testbed_factory: Callable[..., Testbed], lab_factory: Callable[[Testbed], Lab]
+    fresh_testbed: Callable[..., Testbed], lab_factory: Callable[[Testbed], Lab]
 ) -> None:
-    bed = testbed_factory(4, lb=True)
+    bed = fresh_testbed(4, lb=True)
     lab = lab_factory(bed)
     endpoint = bed.describe()["lb_endpoint"]
     bed.set_lb_backends(["node1", "node2", "node3"])

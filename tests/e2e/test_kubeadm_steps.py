@@ -339,9 +339,9 @@ def stale_join_is_refused(runner: Runner, node: str, join: Step, stale: Mapping[
 
 
 def test_one_control_plane_and_a_worker_then_a_late_worker_by_refresh(
-    testbed_factory: Callable[..., Testbed],
+    fresh_testbed: Callable[..., Testbed],
 ) -> None:
-    bed = testbed_factory(3)
+    bed = fresh_testbed(3)
     cluster = {
         "controlPlane": {"count": 1, "labels": {"tether.test/pool": "system"}},
         "workers": {"count": 2, "labels": {"tether.test/pool": "gpu"}},
@@ -383,8 +383,8 @@ def test_one_control_plane_and_a_worker_then_a_late_worker_by_refresh(
     assert_no_secret_leaked(bed, runner, list(roles))
 
 
-def test_three_control_planes_behind_the_load_balancer(testbed_factory: Callable[..., Testbed]) -> None:
-    bed = testbed_factory(4, lb=True)
+def test_three_control_planes_behind_the_load_balancer(fresh_testbed: Callable[..., Testbed]) -> None:
+    bed = fresh_testbed(4, lb=True)
     lb = bed.state["services"]["lb_endpoint"]
     bed.set_lb_backends(["node1", "node2", "node3"])
     cluster = {
@@ -439,9 +439,9 @@ def test_three_control_planes_behind_the_load_balancer(testbed_factory: Callable
     assert_no_secret_leaked(bed, runner, list(roles))
 
 
-def test_single_node_control_plane(testbed_factory: Callable[..., Testbed]) -> None:
+def test_single_node_control_plane(fresh_testbed: Callable[..., Testbed]) -> None:
     """Without spec.cluster: kubeadm init, Calico, then untaint, label and wait (kubernetes-ready)."""
-    bed = testbed_factory(1)
+    bed = fresh_testbed(1)
     spec = load(spec_text(bed, None))
     plan = render(spec, NodeContext("control-plane", facts_for("debian-12")))
     assert [s.name for s in plan.steps] == [*BASE_STEPS, "kubeadm-init", "calico", "kubernetes-ready"]

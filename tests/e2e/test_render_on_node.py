@@ -69,8 +69,8 @@ def _runner(bed: Testbed, node: str) -> Callable[[Step], tuple[int, str, dict[st
     return run
 
 
-def test_containerd_and_custom_template_on_a_debian_node(testbed_factory: Callable[..., Testbed]) -> None:
-    bed = testbed_factory(1)
+def test_containerd_and_custom_template_on_a_debian_node(fresh_testbed: Callable[..., Testbed]) -> None:
+    bed = fresh_testbed(1)
     node = bed.nodes[0].name
     loaded = load_document(_spec(bed))
     plan = render(loaded.spec, NodeContext("worker", facts_for("debian-12")))
