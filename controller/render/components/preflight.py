@@ -16,6 +16,21 @@ def blockers(inp: RenderInput) -> list[str]:
     return out
 
 
+def needs_root(inp: RenderInput) -> bool:
+    """Whether the plan changes the system (packages, kernel, services) or only runs the user's scripts."""
+    spec = inp.spec
+    return bool(
+        spec.kernel is not None
+        or spec.driver.install
+        or spec.runtime.install
+        or spec.toolkit.install
+        or spec.kubernetes.install
+        or spec.package_repositories.apt
+        or spec.package_repositories.dnf
+        or any(t.url for t in spec.custom_templates)
+    )
+
+
 def steps(inp: RenderInput) -> list[Step]:
     pm_tools = ["curl", "ca-certificates", "gnupg"] if inp.target.pm == "apt" else ["curl", "gnupg2"]
     return [
@@ -28,6 +43,10 @@ def steps(inp: RenderInput) -> list[Step]:
             timeout=900,
             requested={"os": inp.node.facts.os_key, "arch": inp.target.arch},
             description="checks the node can run this plan; waits for cloud-init",
-            context={"blockers": [q(b) for b in blockers(inp)], "tools": q(pm_tools)},
+            context={
+                "blockers": [q(b) for b in blockers(inp)],
+                "tools": q(pm_tools),
+                "system": needs_root(inp),
+            },
         )
     ]
