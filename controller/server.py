@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import signal
 import socket
 from collections.abc import Callable
@@ -42,6 +43,13 @@ SERVER_OPTIONS: list[tuple[str, int]] = [
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
     ("grpc.max_send_message_length", 64 * 1024 * 1024),
 ]
+
+# A controller's heap is large and long-lived (a session, its tasks and its gRPC call per agent).
+# With CPython's default thresholds (700, 10, 10) every wave of new sessions (a fleet coming up,
+# a reconnect storm) set off full collections that walk all of them and free nothing: about
+# 6 s of CPU while 10,000 agents connect. Young generations are still collected every 50,000
+# allocations; full collections become rare.
+GC_THRESHOLDS = (50_000, 20, 10)
 
 WILDCARDS = ("0.0.0.0", "::", "")  # noqa: S104 (recognised, not bound)
 
@@ -154,6 +162,8 @@ class Controller:
 async def serve(config: ControllerConfig, on_ready: Callable[[str], None] | None = None) -> None:
     controller = Controller(config)
     await controller.start()
+    gc.freeze()  # what start-up built lives as long as the process: no collection walks it again
+    gc.set_threshold(*GC_THRESHOLDS)
     if on_ready is not None:
         on_ready(controller.address)
     stop = asyncio.Event()
