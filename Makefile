@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST := $(PY) -m pytest
 
-.PHONY: help venv system-deps gen-protos check-protos lint typecheck test-unit test-integration test-e2e test demo bench clean
+.PHONY: help venv system-deps agent-wheels gen-protos check-protos lint typecheck test-unit test-integration test-e2e test demo bench clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | column -t -s $$'\t'
@@ -43,11 +43,16 @@ test-unit: venv ## fast tests, no network
 test-integration: venv ## real controller and agents on 127.0.0.1
 	$(PYTEST) tests/integration -q
 
-test-e2e: venv system-deps ## real systemd nodes (root: builds the testbed on first use)
-	$(PYTEST) tests/e2e -q -m e2e
+# The agent bundle's wheels, fetched once at set-up: bundle builds in the tests never reach an index.
+AGENT_WHEELS := $(CURDIR)/.cache/agent-wheels
+agent-wheels: venv ## fetch the agent's wheels for the test nodes (Python 3.11, amd64)
+	$(PY) scripts/agent-wheels $(AGENT_WHEELS)
 
-test: venv system-deps check-protos lint typecheck ## everything CI runs
-	$(PYTEST) tests -q
+test-e2e: venv system-deps agent-wheels ## real systemd nodes (root: builds the testbed on first use)
+	TETHER_WHEEL_DIR=$(AGENT_WHEELS) $(PYTEST) tests/e2e -q -m e2e
+
+test: venv system-deps agent-wheels check-protos lint typecheck ## everything CI runs
+	TETHER_WHEEL_DIR=$(AGENT_WHEELS) $(PYTEST) tests -q
 
 demo: venv ## controller + local agent provisioning a demo environment, end to end
 	$(PY) scripts/demo.py

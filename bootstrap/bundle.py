@@ -95,12 +95,18 @@ def pinned_requirements() -> list[str]:
     return pins
 
 
+def _wheel_dir_from_env() -> Path | None:
+    value = os.environ.get("TETHER_WHEEL_DIR", "")
+    return Path(value) if value else None
+
+
 @dataclass(frozen=True)
 class PipWheels:
-    """Fetch wheels with ``pip download`` for the target platform (``find_links``: offline)."""
+    """Fetch wheels with ``pip download`` for the target platform (``find_links``: offline; by default
+    ``$TETHER_WHEEL_DIR`` when set, so air-gapped operators and the test suite never reach an index)."""
 
     requirements: tuple[str, ...] = field(default_factory=lambda: tuple(pinned_requirements()))
-    find_links: Path | None = None
+    find_links: Path | None = field(default_factory=_wheel_dir_from_env)
     pip: tuple[str, ...] = (sys.executable, "-m", "pip")
 
     def __call__(self, spec: BundleSpec, dest: Path) -> Sequence[Path]:

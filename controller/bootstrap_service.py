@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from bootstrap import ssh, ssm
-from bootstrap.bundle import BundleBuilder, PipWheels
+from bootstrap.bundle import BundleBuilder
 from bootstrap.bundle_http import BundleServer
 from bootstrap.delivery import Delivery, Push, S3Presigned, Served
 from bootstrap.errors import ControllerError as BootstrapControllerError
@@ -108,9 +108,7 @@ class StoreRegistry:
 def _builder(app: App) -> BundleBuilder:
     cache = Path(os.environ.get("TETHER_BUNDLE_CACHE", "") or app.config.data_dir / "bundles")
     if cache not in _builders:
-        wheel_dir = os.environ.get("TETHER_WHEEL_DIR", "")
-        wheels = PipWheels(find_links=Path(wheel_dir)) if wheel_dir else None
-        _builders[cache] = BundleBuilder(cache, wheels)
+        _builders[cache] = BundleBuilder(cache)  # PipWheels honours $TETHER_WHEEL_DIR
     return _builders[cache]
 
 
