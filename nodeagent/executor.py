@@ -164,7 +164,7 @@ class Executor:
         entry = self.journal.get(step.digest)
         if entry is not None and entry.state is JournalState.SUCCEEDED:
             if entry.plan_digest != plan.digest:
-                with self.db.transaction():
+                with self.db.transaction(durable=False):
                     self.journal.seen_in_plan(step.digest, plan.digest)
                     self.emit(
                         Event(
@@ -258,7 +258,9 @@ class Executor:
                 if released is None:
                     return None
                 secrets = released
-            with self.db.transaction():
+            # Not fsync'd: the power takes the step's own work with this record, and the step
+            # then simply runs again. The event goes out only once on disk (Session._writer).
+            with self.db.transaction(durable=False):
                 self.journal.record(
                     step.digest,
                     step.name,
@@ -316,7 +318,10 @@ class Executor:
             message = result.error or ("" if result.ok else f"exit code {result.exit_code}")
             if not result.ok and not final:
                 message += f"; retrying (attempt {attempt + 1} of {attempts})"
-            with self.db.transaction():
+            # A success is fsync'd with the next event that leaves the node (or the next durable
+            # commit), not here: after a power cut a step whose success was not on disk yet runs
+            # again, like one that was cut short. A reboot must find its record on disk.
+            with self.db.transaction(durable=reboot or not result.ok):
                 self.journal.record(
                     step.digest,
                     step.name,

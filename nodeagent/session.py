@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from cryptography import x509
 
 from nodeagent import __version__, facts, logs, systemd, wire
+from nodeagent.certinfo import read_certinfo
 from nodeagent.channel import secure_channel
 from nodeagent.config import AgentConfig
 from nodeagent.enroll import enroll
@@ -95,10 +95,11 @@ class Agent:
         self._ready_sent = False
         self._background: set[asyncio.Task[None]] = set()
         self._renewal_asked_for = 0  # serial of the certificate a renewal was requested for
+        boot_id = facts.boot_id()  # fixed for the life of this process: a reboot ends it
         self.executor = Executor(
             self.db,
             self.runner,
-            boot_id=facts.boot_id,
+            boot_id=lambda: boot_id,
             reboot=self._reboot,
             gate=self._wait_gate,
             on_events=self._kick.set,
@@ -269,6 +270,9 @@ class Agent:
                 await call.write(self._control.get_nowait())
             events = self.executor.outbox.pending(after_seq=last_sent, limit=EVENT_BATCH)
             if events:
+                # Only what is on disk leaves the node: a power cut must not take back an event
+                # the controller holds (its number would be given to another one).
+                await self.executor.db.sync()
                 await call.write(wire.pb.AgentMessage(events=wire.events_to_pb(events)))
                 last_sent = events[-1].seq
                 continue
@@ -375,16 +379,16 @@ class Agent:
 
     def _maybe_renew(self, identity: Identity) -> None:
         """Ask for a new certificate once a third of its lifetime is left (checked every heartbeat)."""
-        cert = x509.load_pem_x509_certificate(identity.cert_pem)
+        cert = read_certinfo(identity.cert_pem)
         if cert.serial_number == self._renewal_asked_for:
             return
         now = dt.datetime.now(dt.timezone.utc)
-        lifetime = cert.not_valid_after_utc - cert.not_valid_before_utc
-        if cert.not_valid_after_utc - now < lifetime / 3:
+        lifetime = cert.not_valid_after - cert.not_valid_before
+        if cert.not_valid_after - now < lifetime / 3:
             csr = make_csr(identity.key_pem, identity.node_name)
             self._send(wire.pb.AgentMessage(renew=wire.pb.RenewRequest(csr_pem=csr)))
             self._renewal_asked_for = cert.serial_number
-            log.info("certificate renewal requested", expires=cert.not_valid_after_utc.isoformat())
+            log.info("certificate renewal requested", expires=cert.not_valid_after.isoformat())
 
     # -- periodic -----------------------------------------------------------------------------
 

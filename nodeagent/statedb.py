@@ -1,12 +1,20 @@
-"""The agent's durable state: one SQLite file (WAL, fsync on commit) under the state dir.
+"""The agent's durable state: one SQLite file (WAL) under the state dir.
 
 It holds the journal (what ran, keyed by step digest), the outbox (events not
 yet acknowledged) and a few counters. Journal and outbox changes that belong
 together commit in one transaction.
+
+Every commit survives the agent's own crash (``kill -9``): the WAL is written before
+COMMIT returns. Surviving the power is separate: a durable commit waits for the disk
+(fsync); a non-durable one leaves that to the next durable commit or to ``sync()``, which
+the session calls before any event leaves the node, so nothing the controller has seen
+can be taken back by a power cut (a sequence number is never reused for another event).
 """
 
 from __future__ import annotations
 
+import asyncio
+import os
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -27,6 +35,8 @@ class StateDB:
         self.path = path
         self._depth = 0
         self._durable = True  # of the open transaction (meaningful while _depth > 0)
+        self._commits = 0  # commits made by this process
+        self._synced = 0  # commits known to be on disk
         if readonly:  # for `tether-agent status`: look, never create or change anything
             self.conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, isolation_level=None)
             return
@@ -42,14 +52,47 @@ class StateDB:
                 p.chmod(0o600)
         self._depth = 0
 
-    @contextmanager
-    def transaction(self, *, durable: bool = True) -> Iterator[sqlite3.Connection]:
-        """One durable commit for everything inside (nested uses join the outer one).
+    @property
+    def dirty(self) -> bool:
+        """Whether some commit may still be lost with the power."""
+        return self._synced < self._commits
 
-        ``durable=False`` commits without waiting for the disk: for changes that may be lost
-        with the power but never reordered (the WAL is written in order, so the next durable
-        commit makes this one durable too), such as dropping events the controller has
-        acknowledged. A nested transaction cannot ask for more durability than the outer one.
+    async def sync(self) -> None:
+        """Make every commit so far durable, without blocking the event loop."""
+        target = self._commits
+        if self._synced >= target:
+            return
+        await asyncio.to_thread(self._fsync_wal)
+        self._synced = max(self._synced, target)
+
+    def sync_now(self) -> None:
+        """``sync()`` for callers outside the event loop, or about to stop it (a reboot)."""
+        target = self._commits
+        if self._synced < target:
+            self._fsync_wal()
+            self._synced = target
+
+    def _fsync_wal(self) -> None:
+        # fsync flushes the file, whichever descriptor wrote it; a checkpoint has already
+        # synced what it moved into the main file.
+        for suffix in ("-wal", ""):
+            try:
+                fd = os.open(self.path.with_name(self.path.name + suffix), os.O_RDONLY)
+            except FileNotFoundError:
+                continue
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+    @contextmanager
+    def transaction(self, *, durable: bool | None = None) -> Iterator[sqlite3.Connection]:
+        """One commit for everything inside; nested uses join the outer one.
+
+        Durable unless ``durable=False``, which commits without waiting for the disk: for
+        changes that may be lost with the power but never reordered (the WAL is written in
+        order, so the next durable commit or ``sync()`` makes this one durable too). A nested
+        transaction that passes ``durable=True`` cannot join a non-durable one.
         """
         if self._depth:
             if durable and not self._durable:
@@ -60,6 +103,7 @@ class StateDB:
             finally:
                 self._depth -= 1
             return
+        durable = durable is not False
         if not durable:
             self.conn.execute("PRAGMA synchronous=NORMAL")  # cannot change inside a transaction
         try:
@@ -73,6 +117,9 @@ class StateDB:
                 raise
             self._depth = 0
             self.conn.execute("COMMIT")
+            self._commits += 1
+            if durable:
+                self._synced = self._commits
         finally:
             if not durable:
                 self.conn.execute("PRAGMA synchronous=FULL")
