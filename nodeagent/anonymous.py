@@ -15,9 +15,6 @@ from __future__ import annotations
 import hashlib
 from functools import lru_cache
 
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-
 COMMON_NAME = "tether-anonymous-enrollment"
 _SEED = b"tether anonymous enrollment identity v1"
 _P256_ORDER = 0xFFFFFFFF00000000FFFFFFFFFFFFFFFFBCE6FAADA7179E84F3B9CAC2FC632551
@@ -39,6 +36,9 @@ wuPNAMKdjm5PMJnazKubtLQMgqYcDyzNjw==
 @lru_cache(maxsize=1)
 def key_pem() -> bytes:
     """The identity's private key, derived from the public seed."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
     scalar = int.from_bytes(hashlib.sha256(_SEED).digest(), "big") % (_P256_ORDER - 1) + 1
     key = ec.derive_private_key(scalar, ec.SECP256R1())
     return key.private_bytes(

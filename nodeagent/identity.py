@@ -17,15 +17,16 @@ import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from typing import TYPE_CHECKING, Any
 
 from nodeagent import anonymous
 from nodeagent.errors import ControllerUnavailable, IdentityError
+
+if TYPE_CHECKING:
+    from cryptography import x509
+
+# ``cryptography`` is imported where it is used (enrolling, renewing): an enrolled agent that
+# only streams never loads it (about 10 MB resident on a node).
 
 # Every controller certificate carries this DNS name; clients verify it instead
 # of whatever address they dialled, so one CA pin works from every network.
@@ -33,6 +34,9 @@ CONTROLLER_SERVER_NAME = "tether-controller"
 
 
 def generate_key() -> bytes:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
     key = ec.generate_private_key(ec.SECP256R1())
     return key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
@@ -40,6 +44,11 @@ def generate_key() -> bytes:
 
 
 def make_csr(key_pem: bytes, common_name: str) -> bytes:
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
     key = serialization.load_pem_private_key(key_pem, password=None)
     if not isinstance(key, ec.EllipticCurvePrivateKey):
         raise IdentityError("the node key must be an EC key")
@@ -53,6 +62,8 @@ def make_csr(key_pem: bytes, common_name: str) -> bytes:
 
 def spki_hash(cert: x509.Certificate) -> str:
     """``sha256:<hex>`` of a certificate's SubjectPublicKeyInfo (kubeadm's CA hash)."""
+    from cryptography.hazmat.primitives import serialization
+
     der = cert.public_key().public_bytes(
         serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
     )
@@ -60,6 +71,8 @@ def spki_hash(cert: x509.Certificate) -> str:
 
 
 def ca_hash_of_pem(pem: bytes) -> str:
+    from cryptography import x509
+
     return spki_hash(x509.load_pem_x509_certificate(pem))
 
 
@@ -74,6 +87,8 @@ def normalize_ca_hash(value: str) -> str:
 
 
 def _chain_from_socket(sock: ssl.SSLSocket) -> list[x509.Certificate]:
+    from cryptography import x509
+
     getter = getattr(sock, "get_unverified_chain", None)
     raw: list[Any] = getter() if getter else sock._sslobj.get_unverified_chain()  # type: ignore[attr-defined]
     certs: list[x509.Certificate] = []
@@ -93,6 +108,8 @@ def fetch_controller_ca(address: str, expected_hash: str, *, timeout: float = 10
     whose public key hashes to ``expected_hash`` (and which signed the
     presented server certificate) is kept.
     """
+    from cryptography.hazmat.primitives import serialization
+
     host, port = split_address(address)
     pin = normalize_ca_hash(expected_hash)
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
@@ -135,6 +152,9 @@ def fetch_controller_ca(address: str, expected_hash: str, *, timeout: float = 10
 def check_server_leaf(leaf: x509.Certificate, address: str) -> None:
     """The certificate presented must be a controller's (serverAuth, named tether-controller), not a
     client certificate the same CA issued to a node or an admin."""
+    from cryptography import x509
+    from cryptography.x509.oid import ExtendedKeyUsageOID
+
     try:
         eku = leaf.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
         sans = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
@@ -194,6 +214,8 @@ class Identity:
 
     @property
     def certificate(self) -> x509.Certificate:
+        from cryptography import x509
+
         return x509.load_pem_x509_certificate(self.cert_pem)
 
 

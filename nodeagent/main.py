@@ -119,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         print("valid")
         return 0
     logs.configure(config.log_level)
+    _use_pidfd_child_watcher()
     try:
         asyncio.run(_run(config))
     except AgentError as exc:
@@ -127,6 +128,20 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     return 0
+
+
+def _use_pidfd_child_watcher() -> None:
+    """Python 3.11 watches each step's bash with a thread of its own; a pidfd needs none.
+
+    (3.12 picks the pidfd watcher itself.) Linux 5.3 and later; older kernels keep the default.
+    """
+    if sys.version_info >= (3, 12) or not hasattr(os, "pidfd_open"):
+        return
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except OSError:
+        return
+    asyncio.get_event_loop_policy().set_child_watcher(asyncio.PidfdChildWatcher())
 
 
 if __name__ == "__main__":
