@@ -1,0 +1,1 @@
+"""tether benchmarks: ``python bench/run.py [--quick]`` (see docs/performance.md)."""

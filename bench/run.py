@@ -1,0 +1,64 @@
+"""tether benchmarks: one JSON object per line on stdout, progress on stderr.
+
+    python bench/run.py [--quick] [--keep] [--only agent]
+
+Every figure comes with a bare baseline measured in the same invocation: a minimal grpc.aio
+server (bench/bare.py) with the controller's TLS set-up, options and message sizes. The
+server under test is pinned to one core, the clients to the other(s). See docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import CLIENT_CPUS, SERVER_CPUS, Proc, emit, log
+from bench.scenarios import FULL, QUICK, run_agent_only, run_bare, run_controller
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="smaller fleet, shorter windows (< 3 minutes)")
+    p.add_argument("--keep", action="store_true", help="keep the work directory (logs, store) for inspection")
+    p.add_argument(
+        "--only",
+        choices=["agent"],
+        help="run one scenario alone: agent = the agent-overhead figures (no fleet, no baseline server)",
+    )
+    args = p.parse_args()
+    sizes = QUICK if args.quick else FULL
+    work = Path(tempfile.mkdtemp(prefix="tether-bench-"))
+
+    def cleanup() -> None:
+        Proc.cleanup()
+        if args.keep:
+            log(f"work directory kept: {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
+    atexit.register(cleanup)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    t0 = time.monotonic()
+    log(
+        f"{'quick' if args.quick else 'full'} run: {sizes}; server on CPU {sorted(SERVER_CPUS)}, "
+        f"clients on CPU {sorted(CLIENT_CPUS)}; work dir {work}"
+    )
+    if args.only == "agent":
+        run_agent_only(work, sizes, emit)
+    else:
+        bare = run_bare(work, sizes)
+        run_controller(work, sizes, bare, args.quick, emit)
+    log(f"done in {time.monotonic() - t0:.0f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

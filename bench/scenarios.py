@@ -1,0 +1,842 @@
+"""The scenarios. Each runs against the bare baseline and against the real controller, in one run.
+
+One fleet per server: N simulated agents connect (capacity: RSS, CPU and heartbeats per
+CPU-second in a steady window); the first ``storm_agents`` of them stay connected while a few
+other agents stream output (events); then those connected agents emit events, the server is
+killed with ``kill -9`` and restarted on the same port (reconnect storm). The controller's
+fleet enrolls for real first (enrollment rate), and a real agent runs a 50-step plan last.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from bench import messages
+from bench.common import BIN, CLIENT_CPUS, SERVER_CPUS, Figure, Proc, log
+from bench.servers import MAX_AGENTS_PER_SIM, Bare, Controller, Server, Sims
+
+GIB_MIB = 2048
+ENROLL_CONCURRENCY = 16  # enrollments in flight per client process
+CONNECT_CONCURRENCY = 64  # TLS handshakes in flight per client process while a fleet first comes up
+EVENT_LINES = 100  # lines per output event (the agent's runner sends up to 500 every 0.25 s)
+EVENT_WINDOW = 4  # output events an agent has sent and not yet seen acknowledged
+OVERHEAD_STEPS = 50
+STORM_TIMEOUT = 150.0  # seconds for every agent to re-attach before the storm counts as failed
+
+Emit = Callable[[Figure], object]
+
+
+@dataclass(frozen=True)
+class Sizes:
+    agents: int  # capacity: simulated agents, each with its own key, certificate and connection
+    heartbeat: int  # seconds between health reports (the server's setting)
+    window: float  # seconds of steady state measured
+    bare_enrollments: int
+    events_agents: int
+    events_window: float
+    storm_agents: int
+    storm_event_interval: float
+    overhead_runs: int
+
+
+FULL = Sizes(
+    agents=10_000,
+    heartbeat=10,
+    window=30.0,
+    bare_enrollments=3000,
+    events_agents=100,
+    events_window=15.0,
+    storm_agents=5000,
+    storm_event_interval=5.0,
+    overhead_runs=5,
+)
+QUICK = Sizes(
+    agents=2000,
+    heartbeat=2,
+    window=10.0,
+    bare_enrollments=1000,
+    events_agents=50,
+    events_window=8.0,
+    storm_agents=1000,
+    storm_event_interval=5.0,
+    overhead_runs=3,
+)
+
+
+def names(prefix: str, n: int) -> list[str]:
+    return [f"{prefix}-{i:05d}" for i in range(n)]
+
+
+def split(items: list[str], parts: int) -> list[list[str]]:
+    return [items[i::parts] for i in range(parts)]
+
+
+def shares(total: int, sizes: list[int]) -> list[int]:
+    """How many of ``total`` to take from each part, filling the parts in order."""
+    out = []
+    for size in sizes:
+        take = min(size, total)
+        out.append(take)
+        total -= take
+    return out
+
+
+@dataclass
+class Steady:
+    """One steady-state window on a server: CPU, RSS, heartbeats the clients sent."""
+
+    seconds: float
+    cpu_seconds: float
+    heartbeats: int
+    rss_mib: float
+    fds: int
+
+    @property
+    def cpu_pct(self) -> float:
+        return 100 * self.cpu_seconds / self.seconds
+
+    @property
+    def hb_rate(self) -> float:
+        return self.heartbeats / self.seconds
+
+    @property
+    def hb_per_cpu_second(self) -> float:
+        return self.heartbeats / max(self.cpu_seconds, 1e-9)
+
+
+def steady_window(proc: Proc, sims: Sims, seconds: float) -> Steady:
+    s0, c0, t0 = sims.stats(), proc.cpu_seconds(), time.monotonic()
+    time.sleep(seconds)
+    s1, c1, t1 = sims.stats(), proc.cpu_seconds(), time.monotonic()
+    return Steady(t1 - t0, c1 - c0, s1["heartbeats"] - s0["heartbeats"], proc.rss_mib(), proc.open_fds())
+
+
+def connect(sims: Sims, server: Server, *, bare: bool, provision: bool) -> None:
+    """Start every agent of ``sims``; at most CONNECT_CONCURRENCY handshakes in flight per process."""
+    sims.call(
+        {
+            "cmd": "connect",
+            "target": server.address,
+            "ca": str(server.ca_file),
+            "bare": bare,
+            "provision": provision,
+            "max_connecting": CONNECT_CONCURRENCY,
+        }
+    )
+
+
+def enroll_span(replies: list[dict[str, Any]]) -> tuple[int, float]:
+    ok = sum(r["ok"] for r in replies)
+    errors = [r for r in replies if r["errors"]]
+    if errors:
+        log(f"  enrollment errors: {[(r['errors'], r['first_error']) for r in errors]}")
+    span = max(r["t1"] for r in replies) - min(r["t0"] for r in replies)
+    return ok, span
+
+
+def burst(sims: Sims, proc: Proc, seconds: float) -> tuple[float, float, dict[str, Any]]:
+    """Output lines acknowledged per second (and server CPU %) while every agent of ``sims`` streams."""
+    sims.call(
+        {
+            "cmd": "burst",
+            "lines_per_event": EVENT_LINES,
+            "events_per_batch": 1,
+            "window_events": EVENT_WINDOW,
+        }
+    )
+    time.sleep(2)  # warm up
+    s0, c0, t0 = sims.stats(), proc.cpu_seconds(), time.monotonic()
+    time.sleep(seconds)
+    s1, c1, t1 = sims.stats(), proc.cpu_seconds(), time.monotonic()
+    sims.call({"cmd": "burst", "on": False})
+    rate = (s1["lines_acked"] - s0["lines_acked"]) / (t1 - t0)
+    return rate, 100 * (c1 - c0) / (t1 - t0), s1
+
+
+# -- one fleet on one server ----------------------------------------------------------------------
+
+
+@dataclass
+class FleetResult:
+    rss_idle: float = 0.0
+    connected: int = 0
+    connect_seconds: float = 0.0
+    steady: Steady | None = None
+    lines_per_s: float = 0.0
+    events_cpu_pct: float = 0.0
+    events_acked: int = 0
+    events_stored: int = -1
+    restart_s: float = 0.0
+    reattach_s: float = 0.0
+    storm_unacked_at_kill: int = 0
+    storm_errors: dict[str, int] = field(default_factory=dict)
+    storm_reports: dict[str, list[int]] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def rss_per_agent_kib(self) -> float:
+        assert self.steady is not None
+        return (self.steady.rss_mib - self.rss_idle) * 1024 / max(self.connected, 1)
+
+    @property
+    def agents_per_2gib(self) -> int:
+        per = self.rss_per_agent_kib
+        return int((GIB_MIB - self.rss_idle) * 1024 / per) if per > 0 else 0
+
+
+def run_fleet(
+    work: Path,
+    server: Server,
+    sizes: Sizes,
+    *,
+    bare: bool,
+    load_fleet: Callable[[Sims], list[int]],
+    load_events: Callable[[Sims, list[int]], None],
+) -> FleetResult:
+    """Capacity, then events, then the reconnect storm, on one server already started."""
+    out = FleetResult()
+    label = "bare" if bare else "controller"
+    time.sleep(1)
+    out.rss_idle = server.p.rss_mib()
+    fleet = Sims(work, f"{label}-fleet", Sims.needed(sizes.agents))
+    try:
+        # Capacity: every agent its own certificate and connection; then a steady window.
+        per_sim = load_fleet(fleet)
+        t0 = time.monotonic()
+        connect(fleet, server, bare=bare, provision=True)
+        n = sizes.agents
+        fleet.wait(
+            f"{label}: every agent streaming, its plan received and its events acknowledged",
+            lambda s: s["streaming"] == n and s["provisioned"] == n,
+            timeout=n / 25 + 120,
+        )
+        out.connect_seconds = time.monotonic() - t0
+        time.sleep(5)  # let the last connections' first writes settle
+        out.steady = steady_window(server.p, fleet, sizes.window)
+        out.connected = fleet.stats()["streaming"]
+        st = out.steady
+        log(
+            f"  {label} capacity: {out.connected} agents after {out.connect_seconds:.0f}s, "
+            f"RSS {st.rss_mib:.0f} MiB (idle {out.rss_idle:.0f}), {out.rss_per_agent_kib:.0f} KiB/agent, "
+            f"{st.hb_rate:.0f} heartbeats/s at {st.cpu_pct:.0f}% CPU, {st.fds} fds"
+        )
+
+        # The first storm_agents stay connected; the others go.
+        keep = shares(sizes.storm_agents, per_sim)
+        fleet.call(lambda i: {"cmd": "keep", "count": keep[i]})
+
+        # Events: other agents stream output while the rest of the fleet idles.
+        try:
+            ev = Sims(work, f"{label}-events", 1)
+            try:
+                load_events(ev, keep)
+                connect(ev, server, bare=bare, provision=False)
+                ev.wait(
+                    f"{label}: event agents streaming", lambda s: s["streaming"] == sizes.events_agents, 120
+                )
+                out.lines_per_s, out.events_cpu_pct, _ = burst(ev, server.p, sizes.events_window)
+                s = ev.wait(f"{label}: event outboxes drained", lambda s: s["pending"] == 0, 120)
+                out.events_acked = s["events_acked"]
+            finally:
+                ev.close()
+            log(f"  {label} events: {out.lines_per_s:.0f} lines/s at {out.events_cpu_pct:.0f}% CPU")
+        except Exception as exc:
+            out.failed["events"] = _failure(exc)
+
+        # Reconnect storm: events flowing, kill -9, restart on the same port.
+        try:
+            storm_n = sum(keep)
+            fleet.call({"cmd": "periodic", "interval": sizes.storm_event_interval})
+            time.sleep(sizes.storm_event_interval + 2)  # every agent has events out, some unacknowledged
+            # Real agents reconnect on their own (jittered backoff), not through a shared gate.
+            fleet.call({"cmd": "gate", "max_connecting": 0})
+            out.storm_unacked_at_kill = fleet.stats()["pending"]
+            t_kill = server.kill9()
+            server.start(server.port)
+            out.restart_s = server.ready_at - t_kill
+            try:
+                s = fleet.wait(
+                    f"{label}: storm agents re-attached",
+                    lambda s: s["welcomed_since"] == storm_n,
+                    timeout=STORM_TIMEOUT,
+                    since=t_kill,
+                )
+            except TimeoutError:
+                diagnose(server, fleet)
+                raise
+            out.reattach_s = s["last_welcome"] - t_kill
+            log(
+                f"  {label} storm: kill -9 with {storm_n} agents and {out.storm_unacked_at_kill} events"
+                f" unacknowledged; back after {out.restart_s:.1f}s,"
+                f" all re-attached after {out.reattach_s:.1f}s"
+            )
+            time.sleep(3)
+            fleet.call({"cmd": "periodic", "on": False})
+            s = fleet.wait(f"{label}: storm outboxes drained", lambda s: s["pending"] == 0, 180)
+            out.storm_errors = s["errors"]
+            for r in fleet.call({"cmd": "report"}):
+                out.storm_reports.update(r["agents"])
+        except Exception as exc:
+            out.failed["storm"] = _failure(exc)
+    except Exception as exc:
+        out.failed["capacity"] = _failure(exc)
+    finally:
+        fleet.close()
+    return out
+
+
+def diagnose(server: Server, sims: Sims) -> None:
+    """What the agents and the server are doing (logged when a wait times out)."""
+    for reply in sims.call({"cmd": "debug"}, timeout=60):
+        log(f"  agents: {json.dumps(reply)}")
+    spy = BIN / "py-spy"
+    if spy.exists():
+        dump = subprocess.run(
+            [str(spy), "dump", "--pid", str(server.p.pid)], capture_output=True, text=True, check=False
+        )
+        log(f"  {server.name} threads:\n{dump.stdout[-4000:]}")
+
+
+def _failure(exc: BaseException) -> str:
+    log(f"  FAILED: {exc}\n{traceback.format_exc()}")
+    return f"{type(exc).__name__}: {exc}"[:500]
+
+
+# -- the bare baseline ------------------------------------------------------------------------------
+
+
+@dataclass
+class BareResult:
+    enroll_rate: float = 0.0
+    enroll_cpu_pct: float = 0.0
+    fleet: FleetResult = field(default_factory=FleetResult)
+
+
+def run_bare(work: Path, sizes: Sizes) -> BareResult:
+    out = BareResult()
+    bare = Bare(work, sizes.heartbeat)
+    try:
+        bare.start()
+        log(f"bare baseline listening on {bare.address} (pinned to CPU {sorted(SERVER_CPUS)})")
+        nsims = Sims.needed(sizes.agents)
+        # Unary calls of Enroll's sizes over fresh mTLS connections, as many in flight as Enroll gets.
+        sims = Sims(work, "bare-enroll", nsims)
+        try:
+            parts = split(names("bare-enroll", sizes.bare_enrollments), nsims)
+            sims.call(lambda i: {"cmd": "prepare_enroll", "names": parts[i]})
+            c0 = bare.p.cpu_seconds()
+            replies = sims.call(
+                {
+                    "cmd": "enroll",
+                    "bare": True,
+                    "target": bare.address,
+                    "ca": str(bare.ca_file),
+                    "concurrency": ENROLL_CONCURRENCY,
+                }
+            )
+            c1 = bare.p.cpu_seconds()
+        finally:
+            sims.close()
+        ok, span = enroll_span(replies)
+        out.enroll_rate = ok / span
+        out.enroll_cpu_pct = 100 * (c1 - c0) / span
+        log(
+            f"  bare unary calls on fresh connections: {out.enroll_rate:.0f}/s"
+            f" at {out.enroll_cpu_pct:.0f}% CPU"
+        )
+
+        fleet_names = split(names("bare", sizes.agents), nsims)
+
+        def load_fleet(fleet: Sims) -> list[int]:
+            fleet.call(lambda i: {"cmd": "issue", "pki": str(bare.pki), "names": fleet_names[i]})
+            return [len(p) for p in fleet_names]
+
+        def load_events(ev: Sims, keep: list[int]) -> None:
+            ev.call({"cmd": "issue", "pki": str(bare.pki), "names": names("bare-ev", sizes.events_agents)})
+
+        out.fleet = run_fleet(work, bare, sizes, bare=True, load_fleet=load_fleet, load_events=load_events)
+    finally:
+        bare.stop()
+    return out
+
+
+# -- the controller -------------------------------------------------------------------------------
+
+
+def run_controller(work: Path, sizes: Sizes, base: BareResult, quick: bool, emit: Emit) -> None:
+    ctl = Controller(work, sizes.heartbeat)
+    ids_dir = work / "identities"
+    ids_dir.mkdir(exist_ok=True)
+    try:
+        ctl.start()
+        log(f"controller listening on {ctl.address} (pinned to CPU {sorted(SERVER_CPUS)})")
+        ctl.apply(messages.environment_yaml(messages.BENCH_ENV, messages.BENCH_STEPS))
+        token = ctl.token(messages.BENCH_ENV, uses=sizes.agents + 10)
+
+        # Enrollment: every simulated agent of the fleet enrolls for real.
+        nsims = Sims.needed(sizes.agents)
+        parts = split(names("bench", sizes.agents), nsims)
+        sims = Sims(work, "enroll", nsims)
+        try:
+            sims.call(lambda i: {"cmd": "prepare_enroll", "names": parts[i]})
+            c0 = ctl.p.cpu_seconds()
+            replies = sims.call(
+                lambda i: {
+                    "cmd": "enroll",
+                    "target": ctl.address,
+                    "ca": str(ctl.ca_file),
+                    "token": token,
+                    "concurrency": ENROLL_CONCURRENCY,
+                    "out": str(ids_dir / f"ids-{i}.jsonl"),
+                },
+                timeout=1800,
+            )
+            c1 = ctl.p.cpu_seconds()
+        finally:
+            sims.close()
+        ok, span = enroll_span(replies)
+        rate, cpu = ok / span, 100 * (c1 - c0) / span
+        log(f"  enrollment: {ok} in {span:.1f}s = {rate:.0f}/s at {cpu:.0f}% CPU")
+        emit(
+            Figure(
+                "enrollment.rate",
+                rate,
+                "enrollments/s",
+                base.enroll_rate,
+                ">= 150",
+                rate >= 150 and ok == sizes.agents,
+                detail={
+                    "enrolled": ok,
+                    "failed": sizes.agents - ok,
+                    "seconds": span,
+                    "in_flight": ENROLL_CONCURRENCY * nsims,
+                    "controller_cpu_pct": cpu,
+                    "controller_cpu_ms_per_enrollment": 10 * cpu / rate,
+                    "bare_cpu_pct": base.enroll_cpu_pct,
+                    "bare_cpu_ms_per_call": 10 * base.enroll_cpu_pct / max(base.enroll_rate, 1e-9),
+                },
+            )
+        )
+        id_files = [str(ids_dir / f"ids-{i}.jsonl") for i in range(nsims)]
+
+        # The fleet, on a freshly started controller (idle RSS without enrollment garbage).
+        ctl.stop()
+        ctl.start(ctl.port)
+
+        def load_fleet(fleet: Sims) -> list[int]:
+            replies = fleet.call(lambda i: {"cmd": "load", "files": [id_files[i]]})
+            return [int(r["agents"]) for r in replies]
+
+        def load_events(ev: Sims, keep: list[int]) -> None:
+            # Enrolled agents that are not connected any more: the last ones of the last files.
+            spare = [(i, keep[i]) for i in reversed(range(nsims)) if keep[i] < len(parts[i])]
+            file_index, offset = spare[0]
+            ev.call(
+                {
+                    "cmd": "load",
+                    "files": [id_files[file_index]],
+                    "offset": offset,
+                    "count": sizes.events_agents,
+                }
+            )
+
+        fleet = run_fleet(work, ctl, sizes, bare=False, load_fleet=load_fleet, load_events=load_events)
+        emit_fleet(ctl, sizes, base.fleet, fleet, quick, emit)
+
+        try:
+            for fig in agent_overhead(work, ctl, sizes):
+                emit(fig)
+        except Exception as exc:
+            err = _failure(exc)
+            for name, unit in (("agent.overhead_ms_per_step", "ms/step"), ("agent.overhead_pct", "%")):
+                emit(Figure(name, None, unit, None, "", False, detail={"error": err}))
+    finally:
+        ctl.stop()
+
+
+def run_agent_only(work: Path, sizes: Sizes, emit: Emit) -> None:
+    """Only the agent-overhead scenario (``--only agent``): a controller and one real agent."""
+    ctl = Controller(work, sizes.heartbeat)
+    try:
+        ctl.start()
+        log(f"controller listening on {ctl.address} (pinned to CPU {sorted(SERVER_CPUS)})")
+        for fig in agent_overhead(work, ctl, sizes):
+            emit(fig)
+    finally:
+        ctl.stop()
+
+
+def emit_fleet(
+    ctl: Controller, sizes: Sizes, bare: FleetResult, fleet: FleetResult, quick: bool, emit: Emit
+) -> None:
+    if "capacity" in fleet.failed or fleet.steady is None or bare.steady is None:
+        err = fleet.failed.get("capacity") or bare.failed.get("capacity", "no steady state")
+        for name in ("capacity.agents_per_2gib", "capacity.heartbeats_per_cpu_second"):
+            emit(Figure(name, None, "", None, "", False, detail={"error": err}))
+        return
+    st, bst = fleet.steady, bare.steady
+    common = {
+        "agents_connected": fleet.connected,
+        "bare_streams": bare.connected,
+        "heartbeat_seconds": sizes.heartbeat,
+        "controller_open_fds": st.fds,
+        "connect_seconds": fleet.connect_seconds,
+        "bare_connect_seconds": bare.connect_seconds,
+    }
+    if not quick:
+        emit(
+            Figure(
+                "capacity.controller_rss_mib",
+                st.rss_mib,
+                "MiB",
+                bst.rss_mib,
+                "<= 2048 with >= 10000 agents connected",
+                fleet.connected >= 10_000 and st.rss_mib <= GIB_MIB,
+                detail={**common, "rss_idle_mib": fleet.rss_idle, "bare_rss_idle_mib": bare.rss_idle},
+            )
+        )
+    emit(
+        Figure(
+            "capacity.agents_per_2gib",
+            fleet.agents_per_2gib,
+            "agents",
+            bare.agents_per_2gib,
+            ">= 10000",
+            fleet.agents_per_2gib >= 10_000,
+            detail={
+                **common,
+                "kib_per_agent": fleet.rss_per_agent_kib,
+                "bare_kib_per_stream": bare.rss_per_agent_kib,
+                "rss_idle_mib": fleet.rss_idle,
+                "rss_connected_mib": st.rss_mib,
+                "how": "(2048 MiB - idle RSS) / RSS added per connected agent",
+            },
+        )
+    )
+    ratio = st.hb_per_cpu_second / bst.hb_per_cpu_second
+    emit(
+        Figure(
+            "capacity.heartbeats_per_cpu_second",
+            st.hb_per_cpu_second,
+            "msgs per CPU-second",
+            bst.hb_per_cpu_second,
+            "ratio >= 0.70",
+            ratio >= 0.70,
+            ratio=ratio,
+            detail={
+                **common,
+                "heartbeats_per_s": st.hb_rate,
+                "controller_cpu_pct": st.cpu_pct,
+                "bare_heartbeats_per_s": bst.hb_rate,
+                "bare_cpu_pct": bst.cpu_pct,
+                "window_s": st.seconds,
+                "heartbeat_bytes": messages.health_message().ByteSize(),
+            },
+        )
+    )
+
+    if "events" in fleet.failed:
+        failure = {"error": fleet.failed["events"]}
+        emit(Figure("events.persisted_lines_per_s", None, "lines/s", None, ">= 50000", False, detail=failure))
+    else:
+        with ctl.db() as db:
+            stored = db.execute("SELECT COUNT(*) FROM events WHERE step='custom-burst'").fetchone()[0]
+        emit(
+            Figure(
+                "events.persisted_lines_per_s",
+                fleet.lines_per_s,
+                "lines/s",
+                bare.lines_per_s,
+                ">= 50000",
+                fleet.lines_per_s >= 50_000 and stored >= fleet.events_acked,
+                detail={
+                    "agents": sizes.events_agents,
+                    "idle_agents_connected": sizes.storm_agents,
+                    "lines_per_event": EVENT_LINES,
+                    "unacked_window_events": EVENT_WINDOW,
+                    "controller_cpu_pct": fleet.events_cpu_pct,
+                    "bare_cpu_pct": bare.events_cpu_pct,
+                    "events_acked": fleet.events_acked,
+                    "events_stored": stored,
+                },
+            )
+        )
+
+    if "storm" in fleet.failed:
+        for name in ("storm.reattach_seconds", "storm.events_lost", "storm.events_duplicated"):
+            emit(Figure(name, None, "", None, "", False, detail={"error": fleet.failed["storm"]}))
+        return
+    lost, dup, checked = verify_storm(ctl, fleet.storm_reports)
+    log(f"  storm: {checked} events checked in the store: {lost} lost, {dup} duplicated")
+    detail = {
+        "agents": sizes.storm_agents,
+        "unacked_at_kill": fleet.storm_unacked_at_kill,
+        "controller_restart_s": fleet.restart_s,
+        "bare_restart_s": bare.restart_s,
+        "event_interval_s": sizes.storm_event_interval,
+        "client_errors": json.dumps(fleet.storm_errors),
+    }
+    emit(
+        Figure(
+            "storm.reattach_seconds",
+            fleet.reattach_s,
+            "s",
+            bare.reattach_s,
+            f"<= 60 ({sizes.storm_agents} agents; the full run has 5000)",
+            fleet.reattach_s <= 60,
+            detail=detail,
+        )
+    )
+    emit(Figure("storm.events_lost", lost, "events", 0, "== 0", lost == 0, detail={"checked": checked}))
+    emit(Figure("storm.events_duplicated", dup, "events", 0, "== 0", dup == 0, detail={"checked": checked}))
+
+
+def verify_storm(ctl: Controller, reports: dict[str, list[int]]) -> tuple[int, int, int]:
+    """Every periodic event an agent made is in the store exactly once, under the seq it was given."""
+    lost = dup = checked = 0
+    with ctl.db() as db:
+        rows = db.execute(
+            "SELECT node, seq, json_extract(body, '$.message') FROM events WHERE step='custom-storm'"
+        ).fetchall()
+    by_node: dict[str, dict[int, int]] = {}
+    for node, seq, message in rows:
+        k = int(str(message).split()[1])
+        seen = by_node.setdefault(node, {})
+        if k in seen:
+            dup += 1
+        seen[k] = seq
+    for node, (first, count, _next) in reports.items():
+        seen = by_node.get(node, {})
+        checked += count
+        lost += sum(1 for k in range(count) if seen.get(k) != first + k)
+        dup += sum(1 for k in seen if k >= count)
+    return lost, dup, checked
+
+
+# -- agent overhead -------------------------------------------------------------------------------
+
+
+def overhead_steps() -> tuple[tuple[str, str], ...]:
+    return tuple((f"s{i:02d}", f'echo "step {i}"\n') for i in range(OVERHEAD_STEPS))
+
+
+def agent_overhead(work: Path, ctl: Controller, sizes: Sizes) -> list[Figure]:
+    """A real agent runs a 50-step plan (and reruns it); the same scripts then run under bash."""
+    env = "overhead"
+    steps = overhead_steps()
+    ctl.apply(messages.environment_yaml(env, steps))
+    token = ctl.token(env, uses=1)
+    state = work / "agent-state"
+    node = "overhead-node"
+    t_start = time.monotonic()
+
+    def start_agent(*enroll: str) -> Proc:
+        return Proc(
+            [
+                str(BIN / "tether-agent"),
+                "run",
+                "--controller",
+                ctl.address,
+                "--state-dir",
+                str(state),
+                "--node-name",
+                node,
+                *enroll,
+                "--reboot-command",
+                "true",
+            ],
+            cpus=CLIENT_CPUS,
+            log_path=work / "agent.log",
+            stdout=False,
+        )
+
+    def memory(proc: Proc) -> dict[str, float]:
+        return {
+            "rss_mib": proc.rss_mib(),
+            "peak_rss_mib": proc.status_kib("VmHWM") / 1024,
+            "anon_mib": proc.status_kib("RssAnon") / 1024,
+            "file_backed_mib": proc.status_kib("RssFile") / 1024,
+            "threads": proc.status_kib("Threads"),
+        }
+
+    spans: list[float] = []
+    first_done = 0.0
+    from tether.v1 import admin_pb2
+
+    # The first process enrolls (and so loads the crypto library), then runs the plan; the
+    # second is the agent as an enrolled node runs it after any restart or reboot.
+    agent = start_agent("--token", token, "--ca-hash", ctl.ca_hash())
+    try:
+        after = 0
+        for run in range(sizes.overhead_runs):
+            if run:
+                ctl.admin().RerunSteps(admin_pb2.RerunStepsRequest(node=node), timeout=30)
+            span, after = wait_plan_run(ctl, node, after, steps)
+            if not run:
+                first_done = time.monotonic() - t_start
+            spans.append(span)
+        time.sleep(1)
+        first_memory = memory(agent)
+    finally:
+        agent.stop()
+    agent = start_agent()
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # until the restarted agent is connected again
+            try:
+                ctl.admin().RerunSteps(admin_pb2.RerunStepsRequest(node=node), timeout=30)
+                break
+            except grpc.RpcError as exc:
+                if exc.code() != grpc.StatusCode.FAILED_PRECONDITION or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+        span, after = wait_plan_run(ctl, node, after, steps)
+        spans.append(span)
+        time.sleep(1)
+        restarted_memory = memory(agent)
+        scripts = scripts_in_order(ctl, node, state)
+    finally:
+        agent.stop()
+    rss = restarted_memory["rss_mib"]
+    bash_runs = []
+    for _ in range(max(5, sizes.overhead_runs)):
+        t0 = time.perf_counter()
+        subprocess.run(
+            ["bash", "-c", 'for f in "$@"; do bash "$f"; done', "bash", *map(str, scripts)],
+            check=True,
+            stdout=subprocess.PIPE,
+            preexec_fn=lambda: os.sched_setaffinity(0, CLIENT_CPUS),
+        )
+        bash_runs.append(time.perf_counter() - t0)
+    floor = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("spawn_floor.py")), "5", *map(str, scripts)],
+        check=True,
+        stdout=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: os.sched_setaffinity(0, CLIENT_CPUS),
+    )
+    floor_s = float(floor.stdout.strip())
+    agent_s = statistics.median(spans)
+    bash_s = statistics.median(bash_runs)
+    per_step_ms = (agent_s - bash_s) * 1000 / OVERHEAD_STEPS
+    pct = 100 * (agent_s - bash_s) / bash_s
+    log(
+        f"  agent: plan {agent_s * 1000:.0f} ms (runs {[round(s * 1000) for s in spans]}) vs bash "
+        f"{bash_s * 1000:.0f} ms: {per_step_ms:.2f} ms/step, {pct:.0f}% "
+        f"(asyncio floor {floor_s * 1000:.0f} ms); RSS {rss:.1f} MiB "
+        f"(the process that enrolled: {first_memory['rss_mib']:.1f} MiB)"
+    )
+    detail = {
+        "agent_plan_ms": agent_s * 1000,
+        "bash_plan_ms": bash_s * 1000,
+        "steps": OVERHEAD_STEPS,
+        "agent_runs": len(spans),
+        "bash_runs": len(bash_runs),
+        "step_script": 'the rendered step around: echo "step N"',
+        "agent_start_to_first_plan_done_s": first_done,
+        "asyncio_floor_ms": floor_s * 1000,
+        "asyncio_floor_pct": 100 * (floor_s - bash_s) / bash_s,
+        "agent_over_floor_ms_per_step": (agent_s - floor_s) * 1000 / OVERHEAD_STEPS,
+        "floor": "bench/spawn_floor.py: asyncio spawns each script, reads its output, waits; nothing else",
+    }
+    return [
+        Figure(
+            "agent.overhead_ms_per_step",
+            per_step_ms,
+            "ms/step",
+            bash_s * 1000 / OVERHEAD_STEPS,
+            "<= 10",
+            per_step_ms <= 10,
+            detail=detail,
+        ),
+        Figure(
+            "agent.overhead_pct",
+            pct,
+            "%",
+            bash_s * 1000,
+            "<= 5",
+            pct <= 5,
+            ratio=agent_s / bash_s,
+            detail=detail,
+        ),
+        Figure(
+            "agent.rss_mib",
+            rss,
+            "MiB",
+            bare_python_rss(),
+            "<= 60",
+            rss <= 60,
+            detail={
+                **restarted_memory,
+                "first_start": first_memory,
+                "what": "an enrolled agent after a restart, having run the plan; first_start: the "
+                "process that enrolled (it has loaded the crypto library for its key and CSR)",
+                "baseline": "python3 that imported grpc, idle",
+            },
+        ),
+    ]
+
+
+def wait_plan_run(
+    ctl: Controller, node: str, after: int, steps: tuple[tuple[str, str], ...], timeout: float = 120
+) -> tuple[float, int]:
+    """Wait for one full run of the plan (events after ``after``); its span on the agent's clock."""
+    first_step, last_step = f"custom-{steps[0][0]}", f"custom-{steps[-1][0]}"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with ctl.db() as db:
+            rows = db.execute(
+                "SELECT seq, time_ms, kind, step FROM events WHERE node=? AND seq>? ORDER BY seq",
+                (node, after),
+            ).fetchall()
+        started = [r for r in rows if r[3] == first_step and r[2] == 1]  # EventKind.STARTED
+        done = [r for r in rows if r[3] == last_step and r[2] in (3, 4)]  # SUCCEEDED, FAILED
+        if started and done and done[-1][0] > started[0][0]:
+            failed = [r for r in rows if r[2] == 4]
+            if failed:
+                raise RuntimeError(f"agent overhead plan failed: {failed[:3]}")
+            return (done[-1][1] - started[0][1]) / 1000, done[-1][0]
+        time.sleep(0.1)
+    raise TimeoutError(f"the agent did not finish its plan (see {ctl.work / 'agent.log'})")
+
+
+def scripts_in_order(ctl: Controller, node: str, state: Path) -> list[Path]:
+    with ctl.db() as db:
+        rows = db.execute(
+            "SELECT digest FROM node_steps WHERE node=? AND name LIKE 'custom-%' ORDER BY ordinal", (node,)
+        ).fetchall()
+    paths = [state / "scripts" / f"{digest}.sh" for (digest,) in rows]
+    missing = [p for p in paths if not p.exists()]
+    if missing or len(paths) != OVERHEAD_STEPS:
+        raise RuntimeError(f"agent scripts not found: {missing[:3]} ({len(paths)} steps)")
+    return paths
+
+
+def bare_python_rss() -> float:
+    out = subprocess.run(
+        [
+            str(BIN / "python"),
+            "-c",
+            "import grpc, re\n"
+            "print(re.search(r'VmRSS:\\s+(\\d+)', open('/proc/self/status').read()).group(1))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return int(out.stdout.strip()) / 1024
+
+
+__all__ = ["FULL", "MAX_AGENTS_PER_SIM", "QUICK", "Sizes", "run_bare", "run_controller"]
