@@ -594,7 +594,8 @@ def emit_fleet(
             fleet.reattach_s,
             "s",
             bare.reattach_s,
-            f"<= 60 ({sizes.storm_agents} agents; the full run has 5000)",
+            f"<= 60 with {sizes.storm_agents} agents"
+            + ("" if sizes.storm_agents >= 5000 else " (full run: 5000)"),
             fleet.reattach_s <= 60,
             detail=detail,
         )
