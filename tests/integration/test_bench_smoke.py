@@ -21,7 +21,8 @@ def test_bench_only_agent_prints_json_figures() -> None:
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     figures = [json.loads(line) for line in proc.stdout.splitlines()]
-    assert [f["name"] for f in figures] == ["agent.overhead_ms_per_step", "agent.overhead_pct", "agent.rss_mib"]
+    names = [f["name"] for f in figures]
+    assert names == ["agent.overhead_ms_per_step", "agent.overhead_pct", "agent.rss_mib"]
     for f in figures:
         assert set(f) == KEYS and isinstance(f["met"], bool) and f["value"] is not None, f
     table = subprocess.run(
