@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,8 +47,15 @@ ANONYMOUS = Principal(Kind.ANONYMOUS, "anonymous")
 class Authenticator:
     """Maps peer certificates to principals, with a small cache (streams reconnect a lot)."""
 
-    def __init__(self, ca: CertificateAuthority, cache_size: int = 50_000) -> None:
+    def __init__(
+        self,
+        ca: CertificateAuthority,
+        cache_size: int = 50_000,
+        *,
+        revoked: Callable[[str], bool] = lambda fingerprint: False,
+    ) -> None:
         self._ca = ca
+        self._revoked = revoked  # admin certificates (controller.admins); nodes are revoked in the store
         self._cache: OrderedDict[bytes, Principal] = OrderedDict()
         self._cache_size = cache_size
         self._anonymous_der = x509.load_pem_x509_certificate(anonymous.CERT_PEM).public_bytes(Encoding.DER)
@@ -57,14 +65,16 @@ class Authenticator:
         if not values:
             raise Unauthenticated("a client certificate is required")
         pem: bytes = values[0]
-        cached = self._cache.get(pem)
-        if cached is not None:
+        principal = self._cache.get(pem)
+        if principal is not None:
             self._cache.move_to_end(pem)
-            return cached
-        principal = self._classify(pem)
-        self._cache[pem] = principal
-        if len(self._cache) > self._cache_size:
-            self._cache.popitem(last=False)
+        else:
+            principal = self._classify(pem)
+            self._cache[pem] = principal
+            if len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+        if principal.kind is Kind.ADMIN and self._revoked(principal.fingerprint):
+            raise Unauthenticated(f"the admin certificate of {principal.name!r} has been revoked")
         return principal
 
     def _classify(self, pem: bytes) -> Principal:

@@ -1,6 +1,8 @@
 """``tether-controller``: run the controller.
 
 tether-controller serve [--listen HOST:PORT] [--data-dir DIR] [--advertise HOST:PORT] [--san NAME ...]
+tether-controller admin issue --name NAME [--role admin|read-only] [--days N] --out FILE
+tether-controller admin list | revoke (--name NAME | --fingerprint PREFIX)
 """
 
 from __future__ import annotations
@@ -9,9 +11,13 @@ import argparse
 import asyncio
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from controller.config import ControllerConfig
 from nodeagent import logs
+
+if TYPE_CHECKING:
+    from controller.admins import AdminRegistry
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -41,14 +47,23 @@ def _parser() -> argparse.ArgumentParser:
     issue.add_argument("--role", choices=("admin", "read-only"), default="read-only")
     issue.add_argument("--days", type=float, default=365.0, help="certificate lifetime")
     issue.add_argument("--out", type=Path, required=True, help="where to write it (mode 0600)")
+    listing = admin.add_parser("list", help="admin certificates issued, and which are revoked")
+    listing.add_argument("--data-dir", type=Path, default=Path("/var/lib/tether-controller"))
+    revoke = admin.add_parser(
+        "revoke", help="revoke admin certificates: the running controller refuses them within a second"
+    )
+    revoke.add_argument("--data-dir", type=Path, default=Path("/var/lib/tether-controller"))
+    who = revoke.add_mutually_exclusive_group(required=True)
+    who.add_argument("--name", default="", help="every unrevoked certificate issued to this name")
+    who.add_argument("--fingerprint", default="", help="one certificate (a unique prefix, from admin list)")
     sub.add_parser("version", help="print the version")
     return p
 
 
-def issue_admin(args: argparse.Namespace) -> int:
-    """Sign an admin certificate with the controller's CA and write a complete admin config."""
-    from controller.adminconf import AdminConfig
-    from controller.ca import CertificateAuthority
+def admin_command(args: argparse.Namespace) -> int:
+    """``tether-controller admin issue|list|revoke``: run on the controller's host, as its user."""
+    from controller.admins import AdminRegistry
+    from controller.errors import ControllerError
 
     current = args.data_dir / "admin.conf"
     if not (args.data_dir / "pki" / "ca.key").exists() or not current.exists():
@@ -57,13 +72,38 @@ def issue_admin(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
+    registry = AdminRegistry(args.data_dir / "pki")
+    try:
+        if args.verb == "issue":
+            return issue_admin(args, registry)
+        if args.verb == "list":
+            print(f"{'NAME':<24} {'ROLE':<10} {'FINGERPRINT':<16} {'EXPIRES':<25} REVOKED")
+            for e in registry.entries():
+                revoked_at = e.revoked_at or "-"
+                print(f"{e.name:<24} {e.role:<10} {e.fingerprint[:16]:<16} {e.not_after:<25} {revoked_at}")
+            return 0
+        revoked = registry.revoke(name=args.name, fingerprint=args.fingerprint)
+    except ControllerError as exc:
+        print(f"tether-controller: {exc}", file=sys.stderr)
+        return 1
+    for e in revoked:
+        print(f"revoked {e.fingerprint[:16]} ({e.role or 'unknown role'} access for {e.name!r})")
+    return 0
+
+
+def issue_admin(args: argparse.Namespace, registry: AdminRegistry) -> int:
+    """Sign an admin certificate with the controller's CA, record it, write a complete admin config."""
+    from controller.adminconf import AdminConfig
+    from controller.ca import CertificateAuthority
+
     ca = CertificateAuthority.load_or_create(args.data_dir / "pki")
-    address = AdminConfig.read(current).controller
+    address = AdminConfig.read(args.data_dir / "admin.conf").controller
     key_pem, issued = ca.issue_admin(args.name, args.role, days=args.days)
+    registry.record(args.name, args.role, issued)
     AdminConfig(address, ca.ca_hash, ca.cert_pem, issued.cert_pem, key_pem, args.name, args.role).write(
         args.out
     )
-    print(f"wrote {args.out}: {args.role} access for {args.name!r} to {address}")
+    print(f"wrote {args.out}: {args.role} access for {args.name!r} to {address} ({issued.fingerprint[:16]})")
     return 0
 
 
@@ -75,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         print(__version__)
         return 0
     if args.command == "admin":
-        return issue_admin(args)
+        return admin_command(args)
     logs.configure(args.log_level)
     config = ControllerConfig(
         data_dir=args.data_dir,

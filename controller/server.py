@@ -16,6 +16,7 @@ from grpc_reflection.v1alpha import reflection
 from controller import wire
 from controller.admin_service import AdminService
 from controller.adminconf import AdminConfig
+from controller.admins import AdminRegistry
 from controller.agent_service import AgentService
 from controller.app import App
 from controller.auth import Authenticator
@@ -101,7 +102,7 @@ class Controller:
             config=config,
             ca=ca,
             store=store,
-            auth=Authenticator(ca),
+            auth=Authenticator(ca, revoked=AdminRegistry(config.data_dir / "pki").is_revoked),
             hub=hub,
             planner=Planner(store),
             advertise=advertise,
@@ -144,7 +145,9 @@ class Controller:
                     current.role,
                 ).write(path)
             return
-        key_pem, issued = ca.issue_admin(socket.gethostname() or "admin", "admin")
+        name = socket.gethostname() or "admin"
+        key_pem, issued = ca.issue_admin(name, "admin")
+        AdminRegistry(self.config.data_dir / "pki").record(name, "admin", issued)
         AdminConfig(address, ca.ca_hash, ca.cert_pem, issued.cert_pem, key_pem).write(path)
         log.info("admin credentials written", path=str(path))
 
