@@ -676,8 +676,8 @@ def agent_overhead(work: Path, ctl: Controller, sizes: Sizes) -> list[Figure]:
     first_done = 0.0
     from tether.v1 import admin_pb2
 
-    # The first process enrolls (and so loads the crypto library), then runs the plan; the
-    # second is the agent as an enrolled node runs it after any restart or reboot.
+    # The first process enrolls (and execs itself again, leaving the crypto library behind),
+    # then runs the plan; the second is the agent as a node runs it after a restart or reboot.
     agent = start_agent("--token", token, "--ca-hash", ctl.ca_hash())
     try:
         after = 0
@@ -783,7 +783,7 @@ def agent_overhead(work: Path, ctl: Controller, sizes: Sizes) -> list[Figure]:
                 **restarted_memory,
                 "first_start": first_memory,
                 "what": "an enrolled agent after a restart, having run the plan; first_start: the "
-                "process that enrolled (it has loaded the crypto library for its key and CSR)",
+                "process that enrolled (same PID: it execs itself again once enrolled)",
                 "baseline": "python3 that imported grpc, idle",
             },
         ),

@@ -79,16 +79,26 @@ def _load_config(args: argparse.Namespace) -> AgentConfig:
     return load(path, overrides, os.environ)
 
 
-async def _run(config: AgentConfig) -> None:
+async def _run(config: AgentConfig) -> bool:
+    """Run the agent until a signal; True when it enrolled and should exec itself again."""
     from nodeagent.session import Agent
 
     agent = Agent(config)
+    agent.reexec_after_enrolling = True
     task = asyncio.create_task(agent.run())
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, task.cancel)
     with contextlib.suppress(asyncio.CancelledError):
         await task
+    return agent.reexec and not task.cancelled()
+
+
+def _reexec() -> None:
+    """Replace this process with a fresh run of the same command line (same PID for systemd)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])  # noqa: S606 (our own argv, no shell)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -121,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     logs.configure(config.log_level)
     _use_pidfd_child_watcher()
     try:
-        asyncio.run(_run(config))
+        if asyncio.run(_run(config)):
+            _reexec()
     except AgentError as exc:
         print(f"tether-agent: {exc}", file=sys.stderr)
         return 2

@@ -95,6 +95,8 @@ class Agent:
         self._ready_sent = False
         self._background: set[asyncio.Task[None]] = set()
         self._renewal_asked_for = 0  # serial of the certificate a renewal was requested for
+        self.reexec_after_enrolling = False
+        self.reexec = False
         boot_id = facts.boot_id()  # fixed for the life of this process: a reboot ends it
         self.executor = Executor(
             self.db,
@@ -109,9 +111,20 @@ class Agent:
     # -- lifecycle ----------------------------------------------------------------------------
 
     async def run(self) -> None:
+        """Enroll if needed, then stream until cancelled.
+
+        With ``reexec_after_enrolling``, returns right after a first enrollment with ``reexec`` set:
+        the caller execs the agent again, which then starts with its identity and without the
+        crypto library and enrollment channel (about 15 MiB) held for the rest of its life.
+        """
         tasks: list[asyncio.Task[None]] = []
         try:
+            enrolling = not self.identities.exists()
             self.identity = await self._ensure_enrolled()
+            if enrolling and self.reexec_after_enrolling:
+                log.info("enrolled; restarting the agent in place (same PID) to leave enrollment behind")
+                self.reexec = True
+                return
             logs.bind(node=self.identity.node_name)
             addresses = await asyncio.to_thread(facts.local_addresses, self.config.controller)
             self.executor.set_env(

@@ -250,3 +250,21 @@ def test_events_follow_streams_live(
         follower.wait()
         if follower.stdout is not None:
             follower.stdout.close()
+
+
+def test_after_enrolling_the_agent_restarts_in_place_without_the_crypto_library(
+    controller: Controller, agents: Callable[[str], Agent], tmp_path: Path
+) -> None:
+    """Same PID (systemd's main process), fresh image: enrollment's libraries are not kept for life."""
+    apply_env(controller, tmp_path, "lean", STEPS)
+    agent = agents("lean-node")
+    agent.start(token(controller, "lean"), ca_hash(controller))
+    assert agent.proc is not None
+    pid = agent.proc.pid
+    wait_state(controller, ["lean-node"], "provisioned")
+    assert agent.proc.poll() is None and running(pid)
+    log = agent.log_path.read_text()
+    assert "restarting the agent in place" in log and "using stored identity" in log
+    maps = Path(f"/proc/{pid}/maps").read_text()
+    assert "cryptography" not in maps and "grpc" in maps
+    assert_contiguous(events(controller, "lean-node"))
