@@ -45,16 +45,22 @@ def redact_processor(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> M
 
 
 class _RedactingFilter(logging.Filter):
-    """Scrubs third-party log records: the message and any traceback (formatted here, then masked)."""
+    """Scrubs third-party log records: the message and any traceback (formatted here, then masked).
+
+    The traceback becomes part of the message, so in JSON it stays inside the one line.
+    """
 
     def filter(self, record: logging.LogRecord) -> bool:
-        record.msg = PROCESS_REDACTOR.redact(record.getMessage())
-        record.args = None
+        message = record.getMessage()
         if record.exc_info:
-            record.exc_text = PROCESS_REDACTOR.redact(logging.Formatter().formatException(record.exc_info))
+            message += "\n" + logging.Formatter().formatException(record.exc_info)
             record.exc_info = None
         if record.stack_info:
-            record.stack_info = PROCESS_REDACTOR.redact(record.stack_info)
+            message += "\n" + record.stack_info
+            record.stack_info = None
+        record.msg = PROCESS_REDACTOR.redact(message)
+        record.args = None
+        record.exc_text = None
         return True
 
 
@@ -83,9 +89,20 @@ def configure(level: str = "info", *, stream: TextIO | None = None, json: bool |
         logger_factory=structlog.PrintLoggerFactory(file=out),
         cache_logger_on_first_use=False,
     )
-    # Third-party libraries log through stdlib logging: keep them quiet and on the same stream.
+    # Third-party libraries log through stdlib logging: quieter, on the same stream, same format.
     handler = logging.StreamHandler(out)
-    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s %(message)s"))
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            foreign_pre_chain=[
+                structlog.contextvars.merge_contextvars,
+                structlog.processors.add_log_level,
+                structlog.stdlib.add_logger_name,
+                structlog.processors.TimeStamper(fmt="iso", utc=True),
+                redact_processor,
+            ],
+            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
+        )
+    )
     handler.addFilter(_RedactingFilter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
