@@ -259,6 +259,13 @@ def test_one_control_plane_two_workers_waiting_refusal_and_refresh(
         "node2": "worker",
         "node3": "worker",
     }
+
+    # Each agent reports its node's kubelet and container runtime (systemd units on the node).
+    def services_active() -> bool:
+        nodes = lab.health("c1")["nodes"]
+        return all(n["kubelet"] == "active" and n["runtime"] == "active" for n in nodes)
+
+    wait_for(services_active, timeout=90, interval=2, what="kubelet and containerd reported active")
     first = lab.material("c1")
     secrets += [first.token]
 

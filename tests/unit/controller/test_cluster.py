@@ -102,7 +102,8 @@ class Cluster:
         self.store = store
         self.hub = Hub()
         self.box = SecretBox.load_or_create(tmp_path / "secrets.key")
-        self.orch = Orchestrator(store, self.hub, self.box, Redactor())
+        self.redactor = Redactor()
+        self.orch = Orchestrator(store, self.hub, self.box, self.redactor)
         self.sessions: dict[str, Session] = {}
 
     async def node(self, name: str, role: str, *, connect: bool = True) -> NodeRecord:
@@ -199,6 +200,14 @@ async def test_nodes_wait_at_the_gate_until_init_sends_material(cluster: Cluster
     assert TOKEN not in dump and CERT_KEY not in dump
     kubeconfig = yaml.safe_load(cluster.orch.kubeconfig("c1", "lb.example:6443"))
     assert kubeconfig["clusters"][0]["cluster"]["server"] == "https://lb.example:6443"
+    # Without --server: the endpoint the join material names, reachable from outside the node.
+    kubeconfig = yaml.safe_load(cluster.orch.kubeconfig("c1"))
+    assert kubeconfig["clusters"][0]["cluster"]["server"] == "https://10.0.0.2:6443"
+    # The controller masks the material in whatever a step prints from now on (events, logs).
+    printed = cluster.redactor.redact(
+        f"kubeadm join 10.0.0.2:6443 --token {TOKEN} --certificate-key {CERT_KEY}"
+    )
+    assert TOKEN not in printed and CERT_KEY not in printed and "10.0.0.2:6443" in printed
 
 
 async def test_late_joiners_are_released_at_once_while_material_is_fresh(cluster: Cluster) -> None:

@@ -19,7 +19,7 @@ def test_json_lines_carry_bound_context_and_third_party_records() -> None:
         try:
             raise ValueError("bad\nvalue")
         except ValueError:
-            logging.getLogger("asyncssh").error("connection lost", exc_info=True)
+            logging.getLogger("asyncssh").exception("connection lost")
     logging.getLogger("grpc").info("below WARNING: third-party chatter is dropped")
     lines = stream.getvalue().splitlines()
     assert len(lines) == 2, lines  # the traceback stays inside its event's line
