@@ -7,6 +7,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+import yaml
 
 from controller.render import NodeContext, render
 from controller.render.shell import ShellWord, finalize, q
@@ -95,3 +96,24 @@ def test_templates_cannot_emit_unquoted_values() -> None:
         ENV.from_string("echo {{ value }}").render(value="$(id)")
     assert ENV.from_string("echo {{ value | q }}").render(value="$(id)") == "echo '$(id)'"
     assert finalize(q("a b")) == ShellWord("'a b'")
+
+
+def test_ha_init_advertises_its_own_address_and_signs_the_load_balancer_name() -> None:
+    from controller.cluster.context import INIT_STEP, ClusterContext, Position
+    from controller.render.components.cluster import ADVERTISE, ENDPOINT
+
+    doc = scenarios.HEAD + (
+        "  kubernetes: {install: true}\n"
+        "  cluster:\n"
+        "    controlPlane: {count: 3}\n"
+        "    highAvailability: {enabled: true, endpoint: 'lb.example:6443'}\n"
+    )
+    ctx = ClusterContext(Position.INIT, upload_certs=True, ha_endpoint="lb.example:6443")
+    plan = render(load_document(doc).spec, NodeContext("control-plane", facts_for("ubuntu-22.04"), ctx))
+    init = next(s for s in plan.steps if s.name == INIT_STEP)
+    docs = {d["kind"]: d for d in yaml.safe_load_all(init.env["TETHER_KUBEADM_CONFIG"])}
+    assert docs["InitConfiguration"]["localAPIEndpoint"] == {"advertiseAddress": ADVERTISE}
+    cluster = docs["ClusterConfiguration"]
+    assert cluster["controlPlaneEndpoint"] == ENDPOINT
+    assert cluster["apiServer"]["certSANs"] == ["lb.example", ADVERTISE]
+    assert init.env["HA_ENDPOINT"] == "lb.example:6443"
