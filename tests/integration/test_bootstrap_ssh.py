@@ -315,3 +315,26 @@ def test_cli_inventory_runs_every_machine_and_summarises(
         assert "cannot reach" in three["message"]
     finally:
         second.stop()
+
+
+def test_cli_known_hosts_and_trust_on_first_use_flags(
+    sshd: Sshd, controller: Controller, tmp_path: Path
+) -> None:
+    endpoint = f"root@127.0.0.1:{sshd.port}"
+    kh = tmp_path / "cli_known_hosts"
+    login = ("--env", "lab", "--ssh", endpoint, "--identity", str(tmp_path / "id_plain"))
+
+    unknown = bootstrap_cli(controller, *login, "--known-hosts", str(kh))
+    assert unknown.returncode == 1 and "unknown host key" in unknown.stdout and "detect" not in unknown.stdout
+    assert not kh.exists()
+
+    learned = bootstrap_cli(controller, *login, "--known-hosts", str(kh), "--accept-new-host-key")
+    assert "detect" in learned.stdout  # past the handshake (this host is then refused: no systemd)
+    assert kh.read_text() == f"[127.0.0.1]:{sshd.port} {sshd.host_key_line}\n"
+
+    known = bootstrap_cli(controller, *login, "--known-hosts", str(kh))  # verified, no TOFU this time
+    assert "detect" in known.stdout and "unknown host key" not in known.stdout
+
+    both = bootstrap_cli(controller, *login, "--host-key", sshd.host_key_line, "--known-hosts", str(kh))
+    assert both.returncode != 0 and "--host-key" in both.stderr
+    assert sshd.sessions() >= 2
