@@ -45,6 +45,21 @@ def run_bash(
     )
 
 
+def curl_serving(files: dict[str, bytes], tmp: Path) -> str:
+    """A curl stub: ``-o DEST URL`` copies the file registered for URL (or fails like curl -f)."""
+    served = tmp / "served"
+    served.mkdir()
+    for i, (url, data) in enumerate(files.items()):
+        (served / str(i)).write_bytes(data)
+        (served / f"{i}.url").write_text(url)
+    return (
+        'local dest="" url="" a; while (($#)); do case $1 in -o) dest=$2; shift 2 ;; -*) shift ;; '
+        "*) url=$1; shift ;; esac; done; "
+        f'for u in {served}/*.url; do if [[ $(cat "$u") == "$url" ]]; then cp "${{u%.url}}" "$dest"; '
+        'echo "$url" >>"$TETHER_WORKDIR/fetched"; return 0; fi; done; return 22'
+    )
+
+
 def provenance(tmp: Path) -> dict[str, str]:
     path = tmp / "provenance"
     if not path.exists():

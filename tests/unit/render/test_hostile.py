@@ -17,9 +17,11 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from controller.cluster.context import ClusterContext, Position
 from controller.render import NodeContext, render
 from controller.render.targets import facts_for
 from controller.spec import SpecError, load_document
+from controller.spec.model import EnvironmentSpec
 from tests.unit.render.shellrun import run_bash
 
 SHA = "sha256:" + "ab" * 32
@@ -53,8 +55,18 @@ FIELDS: dict[str, Build] = {
     "spec.nvidiaDriver.package.version": lambda v: {
         "nvidiaDriver": {"install": True, "package": {"version": v}}
     },
+    "spec.nvidiaDriver.package.branch": lambda v: {
+        "nvidiaDriver": {"install": True, "package": {"branch": v}}
+    },
     "spec.nvidiaDriver.runfile.url": lambda v: {
         "nvidiaDriver": {"install": True, "source": "runfile", "runfile": {"url": v, "checksum": SHA}}
+    },
+    "spec.nvidiaDriver.runfile.checksum": lambda v: {
+        "nvidiaDriver": {
+            "install": True,
+            "source": "runfile",
+            "runfile": {"url": "https://e.com/d.run", "checksum": v},
+        }
     },
     "spec.nvidiaDriver.git.ref": lambda v: {
         "nvidiaDriver": {"install": True, "source": "git", "git": {"ref": v}}
@@ -71,11 +83,23 @@ FIELDS: dict[str, Build] = {
     "spec.containerRuntime.git.ref": lambda v: {
         "containerRuntime": {"install": True, "source": "git", "git": {"ref": v}}
     },
+    "spec.containerRuntime.git.repo": lambda v: {
+        "containerRuntime": {"install": True, "source": "git", "git": {"ref": "main", "repo": v}}
+    },
     "spec.containerRuntime.latest.track": lambda v: {
         "containerRuntime": {"install": True, "name": "crio", "source": "latest", "latest": {"track": v}}
     },
     "spec.nvidiaContainerToolkit.package.version": lambda v: {
         "nvidiaContainerToolkit": {"install": True, "package": {"version": v}}
+    },
+    "spec.nvidiaContainerToolkit.package.channel": lambda v: {
+        "nvidiaContainerToolkit": {"install": True, "package": {"channel": v}}
+    },
+    "spec.nvidiaContainerToolkit.git.ref": lambda v: {
+        "nvidiaContainerToolkit": {"install": True, "source": "git", "git": {"ref": v}}
+    },
+    "spec.nvidiaContainerToolkit.git.repo": lambda v: {
+        "nvidiaContainerToolkit": {"install": True, "source": "git", "git": {"ref": "main", "repo": v}}
     },
     "spec.kubernetes.release.version": lambda v: {"kubernetes": {"install": True, "release": {"version": v}}},
     "spec.kubernetes.K8sFeatureGates[0]": lambda v: {"kubernetes": {"install": True, "K8sFeatureGates": [v]}},
@@ -83,6 +107,21 @@ FIELDS: dict[str, Build] = {
     "spec.kubernetes.CalicoVersion": lambda v: {"kubernetes": {"install": True, "CalicoVersion": v}},
     "spec.kubernetes.git.ref": lambda v: {
         "kubernetes": {"install": True, "source": "git", "git": {"ref": v}}
+    },
+    "spec.kubernetes.git.repo": lambda v: {
+        "kubernetes": {"install": True, "source": "git", "git": {"ref": "main", "repo": v}}
+    },
+    "spec.kubernetes.latest.track": lambda v: {
+        "kubernetes": {"install": True, "source": "latest", "latest": {"track": v}}
+    },
+    "spec.kubernetes.CniPluginsVersion": lambda v: {"kubernetes": {"install": True, "CniPluginsVersion": v}},
+    "spec.kubernetes.CrictlVersion": lambda v: {"kubernetes": {"install": True, "CrictlVersion": v}},
+    "spec.kubernetes.kindVersion": lambda v: {
+        "kubernetes": {"install": True, "Installer": "kind", "kindVersion": v}
+    },
+    "spec.cluster.highAvailability.endpoint": lambda v: {
+        "kubernetes": {"install": True},
+        "cluster": {"controlPlane": {"count": 3}, "highAvailability": {"enabled": True, "endpoint": v}},
     },
     "spec.cluster.workers.labels": lambda v: {
         "kubernetes": {"install": True},
@@ -108,6 +147,17 @@ FIELDS: dict[str, Build] = {
             "apt": [{"url": "https://a.com/d", "suite": v, "components": ["main"], "trusted": True}]
         }
     },
+    "spec.packageRepositories.apt[0].components[0]": lambda v: {
+        "packageRepositories": {
+            "apt": [{"url": "https://a.com/d", "suite": "stable", "components": [v], "trusted": True}]
+        }
+    },
+    "spec.packageRepositories.apt[0].key": lambda v: {
+        "packageRepositories": {"apt": [{"url": "https://a.com/d", "key": v}]}
+    },
+    "spec.packageRepositories.dnf[0].url": lambda v: {
+        "packageRepositories": {"dnf": [{"url": v, "trusted": True}]}
+    },
     "spec.packageRepositories.dnf[0].key": lambda v: {
         "packageRepositories": {"dnf": [{"url": "https://a.com/r", "key": v}]}
     },
@@ -115,15 +165,52 @@ FIELDS: dict[str, Build] = {
 }
 
 
-def _doc(spec: dict[str, Any]) -> str:
+# Fields outside spec: each builds the document's metadata; the spec installs Kubernetes, so the
+# name reaches the rendered kubeadm configuration.
+METADATA_FIELDS: dict[str, Build] = {"metadata.name": lambda v: {"name": v}}
+ALL_FIELDS = sorted([*FIELDS, *METADATA_FIELDS])
+
+
+def _doc(spec: dict[str, Any], metadata: dict[str, Any] | None = None) -> str:
     return yaml.safe_dump(
-        {"apiVersion": "tether.dev/v1alpha1", "kind": "Environment", "metadata": {"name": "h"}, "spec": spec}
+        {
+            "apiVersion": "tether.dev/v1alpha1",
+            "kind": "Environment",
+            "metadata": metadata or {"name": "h"},
+            "spec": spec,
+        }
     )
+
+
+def _document(field: str, value: str) -> str:
+    if field in METADATA_FIELDS:
+        return _doc({"kubernetes": {"install": True}}, METADATA_FIELDS[field](value))
+    return _doc(FIELDS[field](value))
+
+
+def _nodes(spec: EnvironmentSpec) -> list[NodeContext]:
+    """Every node the spec renders differently for: both single-node roles, or every cluster position."""
+    places: list[tuple[str, ClusterContext | None]] = [("control-plane", None), ("worker", None)]
+    if spec.cluster is not None:
+        ha = spec.cluster.high_availability
+        endpoint = ha.endpoint if ha.enabled else ""
+        places = [
+            (
+                "worker" if p is Position.WORKER else "control-plane",
+                ClusterContext(p, upload_certs=True, ha_endpoint=endpoint),
+            )
+            for p in Position
+        ]
+    return [
+        NodeContext(role, facts_for(os_key), ctx)
+        for os_key in ("ubuntu-22.04", "rocky-9")
+        for role, ctx in places
+    ]
 
 
 def _check(field: str, value: str) -> None:
     try:
-        loaded = load_document(_doc(FIELDS[field](value)))
+        loaded = load_document(_document(field, value))
     except SpecError as exc:
         found = exc.problems
     else:
@@ -132,11 +219,9 @@ def _check(field: str, value: str) -> None:
         prefix = field.split("[")[0].rsplit(".", 1)[0]
         assert any(p.startswith(prefix) for p in found), (field, found)
         return
-    for os_key in ("ubuntu-22.04", "rocky-9"):
-        for role in ("control-plane", "worker"):
-            plan = render(loaded.spec, NodeContext(role, facts_for(os_key)))
-            for step in plan.steps:
-                _assert_inert(value, step.script)
+    for node in _nodes(loaded.spec):
+        for step in render(loaded.spec, node).steps:
+            _assert_inert(value, step.script)
 
 
 def _assert_inert(value: str, script: str) -> None:
@@ -157,15 +242,83 @@ settings.register_profile(
 
 
 @settings(settings.get_profile("hostile"))
-@given(field=st.sampled_from(sorted(FIELDS)), value=hostile)
+@given(field=st.sampled_from(ALL_FIELDS), value=hostile)
 def test_hostile_values_are_rejected_or_inert(field: str, value: str) -> None:
     _check(field, value)
 
 
 def test_every_payload_in_every_field() -> None:
-    for field in FIELDS:
+    for field in ALL_FIELDS:
         for value in PAYLOADS:
             _check(field, value)
+
+
+# A valid, distinctive value per field (as it appears on the node: versions without the v that
+# loading adds, checksums without their sha256: prefix).
+BENIGN: dict[str, str] = {
+    "metadata.name": "benign-env",
+    "spec.kernel.version": "6.8.0-4242-aws",
+    "spec.nvidiaDriver.package.version": "580.42.42",
+    "spec.nvidiaDriver.package.branch": "575",
+    "spec.nvidiaDriver.runfile.url": "https://e.com/benign-driver.run",
+    "spec.nvidiaDriver.runfile.checksum": "cd" * 32,
+    "spec.nvidiaDriver.git.ref": "benign-ref",
+    "spec.nvidiaDriver.git.repo": "https://git.example.com/benign.git",
+    "spec.containerRuntime.package.version": "1.7.42",
+    "spec.containerRuntime.package.name": "containerd-benign",
+    "spec.containerRuntime.git.ref": "benign-ref",
+    "spec.containerRuntime.git.repo": "https://git.example.com/benign.git",
+    "spec.containerRuntime.latest.track": "benign-track",
+    "spec.nvidiaContainerToolkit.package.version": "1.17.42-1",
+    "spec.nvidiaContainerToolkit.package.channel": "experimental",
+    "spec.nvidiaContainerToolkit.git.ref": "benign-ref",
+    "spec.nvidiaContainerToolkit.git.repo": "https://git.example.com/benign.git",
+    "spec.kubernetes.release.version": "v1.33.42",
+    "spec.kubernetes.K8sFeatureGates[0]": "BenignGate=true",
+    "spec.kubernetes.K8sEndpointHost": "api.benign.example",
+    "spec.kubernetes.CalicoVersion": "v3.31.42",
+    "spec.kubernetes.git.ref": "benign-ref",
+    "spec.kubernetes.git.repo": "https://git.example.com/benign.git",
+    "spec.kubernetes.latest.track": "benign-track",
+    "spec.kubernetes.CniPluginsVersion": "1.6.42",
+    "spec.kubernetes.CrictlVersion": "1.33.42",
+    "spec.kubernetes.kindVersion": "v0.42.0",
+    "spec.cluster.highAvailability.endpoint": "lb.benign.example:6443",
+    "spec.cluster.workers.labels": "benign-team",
+    "spec.cluster.controlPlane.labels": "benign.example/key",
+    "spec.customTemplates[0].name": "benign-name",
+    "spec.customTemplates[0].env": "BENIGN_VAR",
+    "spec.customTemplates[0].url": "https://e.com/benign.sh",
+    "spec.customTemplates[0].checksum": "ef" * 32,
+    "spec.packageRepositories.apt[0].url": "https://apt.benign.example/debs",
+    "spec.packageRepositories.apt[0].suite": "benign-suite",
+    "spec.packageRepositories.apt[0].components[0]": "benigncomp",
+    "spec.packageRepositories.apt[0].key": "https://apt.benign.example/key.asc",
+    "spec.packageRepositories.dnf[0].url": "https://rpm.benign.example/el9",
+    "spec.packageRepositories.dnf[0].key": "https://rpm.benign.example/key.asc",
+    "spec.downloadMirror": "http://mirror.benign.example",
+}
+# Applied by cluster orchestration after the join, not by any rendered step.
+NOT_RENDERED = {"spec.cluster.workers.labels", "spec.cluster.controlPlane.labels"}
+
+
+def test_every_field_reaches_the_plan_with_a_benign_value() -> None:
+    """The builders above are sound: with a valid value the spec loads and the value reaches a step.
+
+    So a hostile value's rejection is that value's doing, not a broken builder's, and the
+    inertness check really sees the value in the scripts it scans.
+    """
+    assert sorted(BENIGN) == ALL_FIELDS
+    for field, value in BENIGN.items():
+        loaded = load_document(_document(field, value))
+        if field in NOT_RENDERED:
+            continue
+        texts = [
+            step.script + "\n".join([*step.env, *step.env.values()])
+            for node in _nodes(loaded.spec)
+            for step in render(loaded.spec, node).steps
+        ]
+        assert any(value in text for text in texts), field
 
 
 def test_env_values_stay_data_when_the_step_runs(tmp_path: Path) -> None:
@@ -187,3 +340,12 @@ def test_kubeadm_config_reaches_the_node_as_data() -> None:
     plan = render(load_document(_doc(spec)).spec, NodeContext("control-plane", facts_for("ubuntu-22.04")))
     init = plan.step("kubeadm-init")
     assert init is not None and init.env["TETHER_KUBEADM_CONFIG"] == text and text not in init.script
+
+
+def test_armored_repository_keys_reach_the_node_as_data() -> None:
+    key = "-----BEGIN PGP PUBLIC KEY BLOCK-----\n\nmQINBGX0benignKEY=\n-----END PGP PUBLIC KEY BLOCK-----\n"
+    spec = {"packageRepositories": {"apt": [{"url": "https://a.com/d", "key": key}]}}
+    plan = render(load_document(_doc(spec)).spec, NodeContext("worker", facts_for("ubuntu-22.04")))
+    step = plan.step("package-repositories")
+    assert step is not None and step.env["TETHER_REPO_KEY_0"] == key
+    assert "mQINBGX0benignKEY" not in step.script

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.render.shellrun import library, run_bash
+from tests.unit.render.shellrun import curl_serving, library, run_bash
 
 
 @pytest.mark.parametrize(
@@ -34,24 +34,9 @@ def test_mirror_rewrites_https_downloads(tmp_path: Path) -> None:
     assert out.stdout.splitlines() == ["http://mirror.local/base/github.com/a/b/c.tgz", "http://x/y"]
 
 
-def _curl_serving(files: dict[str, bytes], tmp: Path) -> str:
-    """A curl stub: ``-o DEST URL`` copies the file registered for URL (or fails like curl -f)."""
-    served = tmp / "served"
-    served.mkdir()
-    for i, (url, data) in enumerate(files.items()):
-        (served / str(i)).write_bytes(data)
-        (served / f"{i}.url").write_text(url)
-    return (
-        'local dest="" url="" a; while (($#)); do case $1 in -o) dest=$2; shift 2 ;; -*) shift ;; '
-        "*) url=$1; shift ;; esac; done; "
-        f'for u in {served}/*.url; do if [[ $(cat "$u") == "$url" ]]; then cp "${{u%.url}}" "$dest"; '
-        'echo "$url" >>"$TETHER_WORKDIR/fetched"; return 0; fi; done; return 22'
-    )
-
-
 def test_fetch_verified_accepts_the_right_file(tmp_path: Path) -> None:
     data = b"payload"
-    curl = _curl_serving({"https://x.test/f": data}, tmp_path)
+    curl = curl_serving({"https://x.test/f": data}, tmp_path)
     sha = hashlib.sha256(data).hexdigest()
     out = run_bash(
         tmp_path,
@@ -62,7 +47,7 @@ def test_fetch_verified_accepts_the_right_file(tmp_path: Path) -> None:
 
 
 def test_fetch_verified_refuses_a_tampered_file(tmp_path: Path) -> None:
-    curl = _curl_serving({"https://x.test/f": b"tampered"}, tmp_path)
+    curl = curl_serving({"https://x.test/f": b"tampered"}, tmp_path)
     sha = hashlib.sha256(b"payload").hexdigest()
     out = run_bash(
         tmp_path,
@@ -77,7 +62,7 @@ def test_fetch_verified_refuses_a_tampered_file(tmp_path: Path) -> None:
 def test_fetch_verified_uses_the_published_checksum(tmp_path: Path) -> None:
     data = b"tarball"
     sums = f"{hashlib.sha256(b'other').hexdigest()}  other.tgz\n{hashlib.sha256(data).hexdigest()}  f.tgz\n"
-    curl = _curl_serving({"https://x.test/f.tgz": data, "https://x.test/SUMS": sums.encode()}, tmp_path)
+    curl = curl_serving({"https://x.test/f.tgz": data, "https://x.test/SUMS": sums.encode()}, tmp_path)
     body = (
         library() + 'fetch_verified https://x.test/f.tgz "$TETHER_WORKDIR/f" published:https://x.test/SUMS\n'
     )
@@ -85,14 +70,14 @@ def test_fetch_verified_uses_the_published_checksum(tmp_path: Path) -> None:
     other = tmp_path / "second"
     other.mkdir()
     bad = {"https://x.test/f.tgz": b"evil", "https://x.test/SUMS": sums.encode()}
-    out = run_bash(other, body, stubs={"curl": _curl_serving(bad, other)})
+    out = run_bash(other, body, stubs={"curl": curl_serving(bad, other)})
     assert out.returncode == 1
     assert "checksum mismatch" in out.stderr
 
 
 def test_fetch_goes_through_the_mirror(tmp_path: Path) -> None:
     data = b"x"
-    curl = _curl_serving({"http://m.test/x.test/f": data}, tmp_path)
+    curl = curl_serving({"http://m.test/x.test/f": data}, tmp_path)
     lib = library().replace("TETHER_MIRROR=''", "TETHER_MIRROR=http://m.test")
     sha = hashlib.sha256(data).hexdigest()
     out = run_bash(

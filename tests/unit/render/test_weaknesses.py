@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import hashlib
+import io
 import re
+import subprocess
+import tarfile
 from pathlib import Path
 
 import pytest
 
-from controller.render import NodeContext, render
+from controller.render import NodeContext, downloads, render
 from controller.render.components import kubeadm_config
 from controller.render.context import target_of
 from controller.render.steps import RenderInput
 from controller.render.targets import facts_for
 from controller.spec import SpecError, load_document
-from tests.unit.render import scenarios
-from tests.unit.render.shellrun import run_bash
+from tests.unit.render import scenarios, shellrun
+from tests.unit.render.shellrun import curl_serving, run_bash
 
 ALL = [(n, o) for n, o in scenarios.cases()]
 
@@ -188,3 +192,276 @@ def test_gpu_absent_nodes_get_no_driver_or_toolkit() -> None:
     cpu = [s.name for s in render(spec, NodeContext("worker", facts_for("rocky-9", gpu=False))).steps]
     assert gpu == ["preflight", "nvidia-driver", "nvidia-container-toolkit"]
     assert cpu == ["preflight"]
+
+
+# -- running rendered steps against stubs ------------------------------------------------------
+
+
+def _runnable(script: str, tmp: Path, *paths: str) -> str:
+    """``script`` without the library's final OS check (the test host may be any OS), with each of
+    ``paths`` (system directories) moved under ``tmp``: these tests may run as root."""
+    text = script.replace("\ncheck_os\n", "\n", 1)
+    for path in paths:
+        text = text.replace(path, f"{tmp}{path}")
+    return text
+
+
+def _block(body: str, first: str, last: str) -> str:
+    """The lines of ``body`` from the first that starts with ``first`` through the next that starts
+    with ``last``."""
+    lines = body.splitlines(keepends=True)
+    start = next(i for i, line in enumerate(lines) if line.startswith(first))
+    end = next(i for i in range(start, len(lines)) if lines[i].startswith(last))
+    return "".join(lines[start : end + 1])
+
+
+def _calls(tmp: Path) -> str:
+    path = tmp / "work" / "calls"
+    return path.read_text() if path.exists() else ""
+
+
+def _tgz(files: dict[str, bytes]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), 0o755
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def _serve_published(tmp: Path, files: dict[str, bytes]) -> str:
+    """A curl stub serving ``files`` and, next to each, the ``.sha256`` file upstream publishes."""
+    served = dict(files)
+    for url, data in files.items():
+        name = url.rsplit("/", 1)[-1]
+        served[url + ".sha256"] = f"{hashlib.sha256(data).hexdigest()}  {name}\n".encode()
+    return curl_serving(served, tmp)
+
+
+RELEASE_PINS = scenarios.HEAD + (
+    "  kubernetes: {install: true, release: {version: v1.33.4}, CniPluginsVersion: v1.6.0, "
+    "CrictlVersion: v1.33.0}\n"
+)
+VERSIONS = "1.34.0 1.33.4 1.33.0 1.6.0 1.32.0"  # what the stub repositories offer, newest first
+APT_MADISON = f'for v in {VERSIONS}; do printf " %s | %s-1.1 | r\\n" "$2" "$v"; done'
+DNF = (
+    f'if [[ $* == *" list "* ]]; then for v in {VERSIONS}; do '
+    'printf "%s.x86_64 %s-150500.1.1 kubernetes\\n" "${!#}" "$v"; done; '
+    'else echo "dnf $*" >>"$TETHER_WORKDIR/calls"; fi'
+)
+
+
+def _release_install(os_key: str) -> str:
+    """The kubeadm step's package part (repository setup stubbed out: that is another test's business)."""
+    step = render(load_document(RELEASE_PINS).spec, NodeContext("worker", facts_for(os_key))).step("kubeadm")
+    assert step is not None
+    body = _block(scenarios.library_of(step.script)[1], "want=", "version_matches")
+    return shellrun.library(os_key) + "fetch_key() { :; }\nadd_repo() { :; }\n" + body
+
+
+def test_kubernetes_packages_are_moved_to_the_pin_when_another_version_is_installed(tmp_path: Path) -> None:
+    """§8.11: the binaries were reinstalled only if a file was missing, so a version change never
+    upgraded. apt installs exactly the pin (over holds, downgrading if need be) and holds it."""
+    stubs = {
+        "apt-cache": APT_MADISON,
+        "apt-get": 'echo "apt-get $*" >>"$TETHER_WORKDIR/calls"',
+        "apt-mark": 'echo "apt-mark $*" >>"$TETHER_WORKDIR/calls"',
+        "dpkg-query": "echo 1.32.0-1.1",  # the version on the node: never consulted as a reason to stop
+        "kubeadm": "echo v1.33.4",
+    }
+    out = run_bash(tmp_path, _release_install("ubuntu-22.04"), stubs=stubs)
+    assert out.returncode == 0, out.stderr
+    calls = _calls(tmp_path)
+    pinned = "kubeadm=1.33.4-1.1 kubelet=1.33.4-1.1 kubectl=1.33.4-1.1"
+    assert f"--allow-downgrades --allow-change-held-packages {pinned}" in calls
+    assert "kubernetes-cni=1.6.0-1.1" in calls and "cri-tools=1.33.0-1.1" in calls
+    assert "apt-mark hold kubeadm kubelet kubectl" in calls
+
+
+def test_kubernetes_rpms_at_another_version_are_replaced_by_the_pin(tmp_path: Path) -> None:
+    """§8.11 on dnf: an installed kubeadm 1.32 is replaced by the pinned 1.33.4; one at the pin is left."""
+    stubs = {
+        "dnf": DNF,
+        "rpm": 'if [[ $2 == --qf ]]; then printf %s "$INSTALLED"; fi',
+        "kubeadm": "echo v1.33.4",
+    }
+    script = _release_install("rocky-9")
+    out = run_bash(tmp_path, script, stubs=stubs, env={"INSTALLED": "1.32.0-150500.1.1"})
+    assert out.returncode == 0, out.stderr
+    install = [line for line in _calls(tmp_path).splitlines() if " install " in line]
+    assert any(
+        "kubeadm-1.33.4-150500.1.1 kubelet-1.33.4-150500.1.1 kubectl-1.33.4-150500.1.1" in line
+        for line in install
+    ), install
+    again = tmp_path / "again"
+    again.mkdir()
+    out = run_bash(again, script, stubs=stubs, env={"INSTALLED": "1.33.4-150500.1.1"})
+    assert out.returncode == 0, out.stderr
+    assert "kubeadm-" not in _calls(again)  # already at the pin: nothing to do
+
+
+def test_kubeadm_that_does_not_match_the_pin_fails_the_step(tmp_path: Path) -> None:
+    stubs = {
+        "apt-cache": APT_MADISON,
+        "apt-get": "true",
+        "apt-mark": "true",
+        "kubeadm": "echo v1.32.0",
+    }
+    out = run_bash(tmp_path, _release_install("ubuntu-22.04"), stubs=stubs)
+    assert out.returncode == 1
+    assert "kubeadm v1.32.0 is installed, but v1.33.4 was pinned" in out.stderr
+
+
+def test_cni_plugins_and_crictl_follow_their_pins_on_a_source_build(tmp_path: Path) -> None:
+    """§8.11: an older CNI plugins or crictl already on the node (the runtime's build puts the
+    default CNI plugins there first) was kept whatever the spec pinned."""
+    doc = scenarios.HEAD + (
+        "  kubernetes: {install: true, source: git, git: {ref: v1.35.3}, CniPluginsVersion: v1.6.0, "
+        "CrictlVersion: v1.33.0}\n"
+    )
+    step = render(load_document(doc).spec, NodeContext("worker", facts_for("ubuntu-22.04"))).step("kubeadm")
+    assert step is not None
+    lib, body = scenarios.library_of(step.script)
+    # What follows the build: the CNI plugins and crictl, up to the kubelet unit.
+    start = body.index("\n", body.index("provenance kubernetes.commit")) + 1
+    snippet = body[start : body.index("install_file /etc/systemd/system/kubelet.service")]
+    assert "crictl" in snippet and "/opt/cni/bin" in snippet
+    cni = downloads.cni_plugins("v1.6.0", "amd64").url
+    crictl = downloads.crictl("v1.33.0", "amd64").url
+    curl = _serve_published(
+        tmp_path,
+        {
+            cni: _tgz({"bridge": b"#!/bin/sh\necho cni v1.6.0\n"}),
+            crictl: _tgz({"crictl": b"#!/bin/sh\necho crictl version v1.33.0\n"}),
+        },
+    )
+    script = _runnable(lib + snippet, tmp_path, "/opt/cni/bin", "/usr/local/bin", "/var/lib/tether")
+    for tool, version in (
+        ("opt/cni/bin/bridge", "cni v1.5.0"),
+        ("usr/local/bin/crictl", "crictl version v1.32.0"),
+    ):
+        path = tmp_path / tool
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"#!/bin/sh\necho {version}\n")
+        path.chmod(0o755)
+    out = run_bash(tmp_path, script, stubs={"curl": curl})
+    assert out.returncode == 0, out.stderr
+    fetched = (tmp_path / "work" / "fetched").read_text().split()
+    assert cni in fetched and crictl in fetched
+    assert subprocess.check_output([tmp_path / "opt/cni/bin/bridge"], text=True) == "cni v1.6.0\n"
+    assert (
+        subprocess.check_output([tmp_path / "usr/local/bin/crictl"], text=True) == "crictl version v1.33.0\n"
+    )
+    (tmp_path / "work" / "fetched").unlink()
+    out = run_bash(tmp_path, script, stubs={"curl": curl})
+    assert out.returncode == 0, out.stderr
+    assert not (tmp_path / "work" / "fetched").exists()  # at the pins: a re-run fetches nothing
+
+
+def test_kind_kubectl_is_pinned_not_stable_txt(tmp_path: Path) -> None:
+    """§8.11: kubectl for kind came from stable.txt. It is the release's, and replaced when it differs."""
+    for where, script, _ in BODIES:
+        assert "stable.txt" not in script, where
+    step = scenarios.plan_for("kind-release", "ubuntu-22.04").step("kind")
+    assert step is not None
+    url = downloads.kubectl("v1.33.1", "amd64").url
+    assert url == "https://dl.k8s.io/release/v1.33.1/bin/linux/amd64/kubectl"
+    block = _block(scenarios.library_of(step.script)[1], "if [[ $(kubectl version", "fi\n")
+    curl = _serve_published(tmp_path, {url: b"kubectl v1.33.1"})
+    stubs = {
+        "curl": curl,
+        "kubectl": 'printf "clientVersion:\\n  gitVersion: %s\\n" "$HAVE"',
+        "install": 'echo "install $*" >>"$TETHER_WORKDIR/calls"',
+    }
+    out = run_bash(tmp_path, shellrun.library() + block, stubs=stubs, env={"HAVE": "v1.31.0"})
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "work" / "fetched").read_text().split()[-1] == url
+    assert "/usr/local/bin/kubectl" in _calls(tmp_path)
+    (tmp_path / "work" / "fetched").unlink()
+    (tmp_path / "work" / "calls").unlink()
+    out = run_bash(tmp_path, shellrun.library() + block, stubs=stubs, env={"HAVE": "v1.33.1"})
+    assert out.returncode == 0, out.stderr
+    assert not (tmp_path / "work" / "fetched").exists() and _calls(tmp_path) == ""
+
+
+def test_microk8s_does_not_assume_a_user_named_ubuntu(tmp_path: Path) -> None:
+    """§8.13: holodeck added the hard-coded user ubuntu to the microk8s group and wrote its kubeconfig."""
+    for os_key in ("ubuntu-22.04", "rocky-9", "fedora-42", "debian-12"):
+        step = scenarios.plan_for("microk8s", os_key).step("microk8s")
+        assert step is not None
+        body = scenarios.library_of(step.script)[1]
+        assert not re.search(r"\bubuntu\b|usermod|gpasswd|/home/|\$HOME|\bsudo\b", body), os_key
+    step = scenarios.plan_for("microk8s", "ubuntu-22.04").step("microk8s")
+    assert step is not None
+    listing = (
+        "Name Version Rev Tracking Publisher Notes\\nmicrok8s v1.32.3 7 1.32/stable canonical classic\\n"
+    )
+    record = 'echo "$FUNCNAME $*" >>"$TETHER_WORKDIR/calls"'
+    stubs = {
+        "snap": f'{record}; [[ $1 != list ]] || printf "{listing}"',
+        "microk8s": f'{record}; [[ $1 != config ]] || echo "kubeconfig-for-root"',
+        "systemctl": record,
+        "usermod": record,
+        "gpasswd": record,
+        "chown": record,
+    }
+    home = tmp_path / "home" / "ubuntu"
+    home.mkdir(parents=True)
+    script = _runnable(step.script, tmp_path, "/root/")
+    out = run_bash(tmp_path, script, stubs=stubs, env={"HOME": str(home), "USER": "ubuntu"})
+    assert out.returncode == 0, out.stderr
+    calls = _calls(tmp_path)
+    assert "microk8s enable gpu" in calls
+    assert not re.search(r"^(usermod|gpasswd|chown) ", calls, re.M), calls
+    assert (tmp_path / "root" / ".kube" / "config").read_text() == "kubeconfig-for-root\n"
+    assert not any(home.iterdir())
+
+
+def test_steps_that_need_root_refuse_to_run_without_it(tmp_path: Path) -> None:
+    """§8.14: holodeck's kubeadm probe ran as the SSH user against root-only admin.conf, so it
+    could never see the cluster. tether's steps run as root, and the plan checks that first."""
+    plan = scenarios.plan_for("kubeadm-release", "ubuntu-22.04")
+    names = [s.name for s in plan.steps]
+    assert names[0] == "preflight" and names.index("kubeadm-init") > 0
+    script = _runnable(plan.steps[0].script, tmp_path)
+    stubs = {"apt-get": "true", "cloud-init": "true"}
+    out = run_bash(tmp_path, script, stubs={**stubs, "id": "echo 1000"})
+    assert out.returncode == 1
+    assert "tether steps run as root" in out.stderr
+    out = run_bash(tmp_path, script, stubs={**stubs, "id": "echo 0"})
+    assert out.returncode == 0, out.stderr
+
+
+def test_kubeadm_probe_reads_admin_conf_not_the_callers_home(tmp_path: Path) -> None:
+    """§8.14: the early exit looks at /etc/kubernetes/admin.conf explicitly, so an initialised
+    control plane is found whatever $HOME is, and kubeadm init is not run again."""
+    step = scenarios.plan_for("kubeadm-release", "ubuntu-22.04").step("kubeadm-init")
+    assert step is not None
+    script = _runnable(step.script, tmp_path, "/etc/kubernetes/", "/root/", "/var/lib/tether/")
+    admin = tmp_path / "etc" / "kubernetes" / "admin.conf"
+    admin.parent.mkdir(parents=True)
+    admin.write_text("admin-kubeconfig\n")
+    home = tmp_path / "home" / "someone"
+    home.mkdir(parents=True)
+    stubs = {
+        "kubectl": (
+            f'[[ $KUBECONFIG == {admin} ]] || {{ echo "kubectl without admin.conf" >&2; return 1; }}; '
+            '[[ $* != *"/version"* ]] || echo \'{"gitVersion": "v1.33.4"}\''
+        ),
+        "kubeadm": 'echo "kubeadm $*" >>"$TETHER_WORKDIR/calls"',
+    }
+    env = {**step.env, "HOME": str(home)}
+    out = run_bash(tmp_path, script, stubs=stubs, env=env)
+    assert out.returncode == 0, out.stderr
+    assert "already initialized" in out.stdout
+    assert "init" not in _calls(tmp_path)
+    assert (tmp_path / "root" / ".kube" / "config").read_text() == "admin-kubeconfig\n"
+    assert shellrun.provenance(tmp_path)["kubernetes.server"] == "v1.33.4"
+    # admin.conf is there but the API server does not answer: fail loudly, never init over it.
+    quick = script.replace("wait_for 180 ", "wait_for 1 ")
+    assert quick != script
+    out = run_bash(tmp_path, quick, stubs={**stubs, "kubectl": "return 1", "sleep": "true"}, env=env)
+    assert out.returncode == 1
+    assert "exists but the API server does not answer" in out.stderr
+    assert "init" not in _calls(tmp_path)
