@@ -9,9 +9,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from nodeagent import logs
 from nodeagent.journal import Journal, JournalState
@@ -178,24 +179,14 @@ class Executor:
             return "next"
         if entry is not None and entry.state is JournalState.REBOOTING:
             if self._boot_id() != entry.boot_id:
-                with self.db.transaction():
-                    self.journal.record(
-                        step.digest,
-                        step.name,
-                        JournalState.SUCCEEDED,
-                        attempt=entry.attempt,
-                        plan_digest=plan.digest,
-                    )
-                    self.emit(
-                        Event(
-                            kind=EventKind.SUCCEEDED,
-                            step=step.name,
-                            digest=step.digest,
-                            attempt=entry.attempt,
-                            plan_generation=plan.generation,
-                            message="node rebooted; step complete",
-                        )
-                    )
+                self._transition(
+                    plan,
+                    step,
+                    JournalState.SUCCEEDED,
+                    EventKind.SUCCEEDED,
+                    attempt=entry.attempt,
+                    message="node rebooted; step complete",
+                )
                 log.info("reboot complete")
                 return "next"
             await self._do_reboot(plan, step)
@@ -260,24 +251,9 @@ class Executor:
                 secrets = released
             # Not fsync'd: the power takes the step's own work with this record, and the step
             # then simply runs again. The event goes out only once on disk (Session._writer).
-            with self.db.transaction(durable=False):
-                self.journal.record(
-                    step.digest,
-                    step.name,
-                    JournalState.RUNNING,
-                    attempt=attempt,
-                    boot_id=self._boot_id(),
-                    plan_digest=plan.digest,
-                )
-                self.emit(
-                    Event(
-                        kind=EventKind.STARTED,
-                        step=step.name,
-                        digest=step.digest,
-                        attempt=attempt,
-                        plan_generation=plan.generation,
-                    )
-                )
+            self._transition(
+                plan, step, JournalState.RUNNING, EventKind.STARTED, attempt=attempt, durable=False
+            )
             log.info("step started", attempt=attempt)
 
             def output(lines: list[str], _attempt: int = attempt) -> Event:
@@ -321,32 +297,20 @@ class Executor:
             # A success is fsync'd with the next event that leaves the node (or the next durable
             # commit), not here: after a power cut a step whose success was not on disk yet runs
             # again, like one that was cut short. A reboot must find its record on disk.
-            with self.db.transaction(durable=reboot or not result.ok):
-                self.journal.record(
-                    step.digest,
-                    step.name,
-                    state,
-                    attempt=attempt,
-                    exit_code=result.exit_code,
-                    boot_id=self._boot_id(),
-                    plan_digest=plan.digest,
-                )
-                if tail:
-                    self.emit(output(tail))
-                self.emit(
-                    Event(
-                        kind=kind,
-                        step=step.name,
-                        digest=step.digest,
-                        attempt=attempt,
-                        exit_code=result.exit_code,
-                        observed=dict(result.observed),
-                        duration_seconds=round(result.duration_seconds, 3),
-                        will_retry=not result.ok and not final,
-                        plan_generation=plan.generation,
-                        message=message or ("rebooting to finish the step" if reboot else ""),
-                    )
-                )
+            self._transition(
+                plan,
+                step,
+                state,
+                kind,
+                attempt=attempt,
+                durable=reboot or not result.ok,
+                before=[output(tail)] if tail else [],
+                exit_code=result.exit_code,
+                observed=dict(result.observed),
+                duration_seconds=round(result.duration_seconds, 3),
+                will_retry=not result.ok and not final,
+                message=message or ("rebooting to finish the step" if reboot else ""),
+            )
             log.info(
                 "step finished",
                 attempt=attempt,
@@ -368,25 +332,51 @@ class Executor:
         except Exception as exc:  # the node did not go down: say so, and stop here
             self.state = "failed"
             log.error("reboot failed", error=str(exc))
-            with self.db.transaction():
-                self.journal.record(
-                    step.digest,
-                    step.name,
-                    JournalState.FAILED,
+            self._transition(
+                plan,
+                step,
+                JournalState.FAILED,
+                EventKind.FAILED,
+                attempt=attempt,
+                message=f"reboot failed: {exc}",
+            )
+
+    def _transition(
+        self,
+        plan: Plan,
+        step: Step,
+        state: JournalState,
+        kind: EventKind,
+        *,
+        attempt: int,
+        durable: bool = True,
+        exit_code: int = 0,
+        before: Sequence[Event] = (),
+        **event: Any,
+    ) -> None:
+        """Journal ``state`` for ``step`` and emit ``before`` and its ``kind`` event, in one commit."""
+        with self.db.transaction(durable=durable):
+            self.journal.record(
+                step.digest,
+                step.name,
+                state,
+                attempt=attempt,
+                exit_code=exit_code,
+                boot_id=self._boot_id(),
+                plan_digest=plan.digest,
+            )
+            self.emit(
+                *before,
+                Event(
+                    kind=kind,
+                    step=step.name,
+                    digest=step.digest,
                     attempt=attempt,
-                    boot_id=self._boot_id(),
-                    plan_digest=plan.digest,
-                )
-                self.emit(
-                    Event(
-                        kind=EventKind.FAILED,
-                        step=step.name,
-                        digest=step.digest,
-                        attempt=attempt,
-                        plan_generation=plan.generation,
-                        message=f"reboot failed: {exc}",
-                    )
-                )
+                    exit_code=exit_code,
+                    plan_generation=plan.generation,
+                    **event,
+                ),
+            )
 
     async def run_task(self, step: Step) -> StepResult:
         """Run a step outside the plan (not journaled), e.g. to refresh join material."""
