@@ -16,7 +16,7 @@ import json
 import os
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from controller.ca import IssuedCert
@@ -97,7 +97,7 @@ class AdminRegistry:
             when = _now()
             for i in hits:
                 if not entries[i].revoked:
-                    entries[i] = AdminEntry(**{**asdict(entries[i]), "revoked_at": when})
+                    entries[i] = replace(entries[i], revoked_at=when)
             return [entries[i] for i in hits]
 
     # -- readers ------------------------------------------------------------------------------

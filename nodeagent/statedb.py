@@ -65,25 +65,17 @@ class StateDB:
         await asyncio.to_thread(self._fsync_wal)
         self._synced = max(self._synced, target)
 
-    def sync_now(self) -> None:
-        """``sync()`` for callers outside the event loop, or about to stop it (a reboot)."""
-        target = self._commits
-        if self._synced < target:
-            self._fsync_wal()
-            self._synced = target
-
     def _fsync_wal(self) -> None:
-        # fsync flushes the file, whichever descriptor wrote it; a checkpoint has already
-        # synced what it moved into the main file.
-        for suffix in ("-wal", ""):
-            try:
-                fd = os.open(self.path.with_name(self.path.name + suffix), os.O_RDONLY)
-            except FileNotFoundError:
-                continue
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+        # Commits live in the WAL until a checkpoint, which syncs what it moves into the main
+        # file itself; fsync flushes the WAL whichever descriptor wrote it.
+        try:
+            fd = os.open(self.path.with_name(self.path.name + "-wal"), os.O_RDONLY)
+        except FileNotFoundError:
+            return
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
     @contextmanager
     def transaction(self, *, durable: bool | None = None) -> Iterator[sqlite3.Connection]:
