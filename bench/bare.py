@@ -22,20 +22,9 @@ import grpc
 
 from bench.messages import TAG_EVENTS, TAG_HELLO, canned_replies
 from controller.ca import CertificateAuthority
+from controller.transport import SERVER_OPTIONS
 from nodeagent import anonymous, wire
 from nodeagent.identity import generate_key, make_csr
-
-# controller.server.SERVER_OPTIONS, copied so this process does not import the controller.
-SERVER_OPTIONS: list[tuple[str, int]] = [
-    ("grpc.so_reuseport", 0),
-    ("grpc.keepalive_time_ms", 60_000),
-    ("grpc.keepalive_timeout_ms", 20_000),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
-    ("grpc.http2.max_ping_strikes", 0),
-    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
-    ("grpc.max_send_message_length", 64 * 1024 * 1024),
-]
 
 
 class Bare:

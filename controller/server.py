@@ -27,6 +27,7 @@ from controller.hub import Hub
 from controller.planner import Planner
 from controller.secretbox import SecretBox
 from controller.store import SqliteStore
+from controller.transport import SERVER_OPTIONS
 from nodeagent import anonymous, logs
 from nodeagent.facts import local_addresses
 from nodeagent.identity import split_address
@@ -34,16 +35,6 @@ from nodeagent.secrets import PROCESS_REDACTOR
 
 log = logs.get_logger("tether.controller")
 
-SERVER_OPTIONS: list[tuple[str, int]] = [
-    ("grpc.so_reuseport", 0),  # a second controller on the same port must fail, not share it
-    ("grpc.keepalive_time_ms", 60_000),
-    ("grpc.keepalive_timeout_ms", 20_000),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
-    ("grpc.http2.max_ping_strikes", 0),
-    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
-    ("grpc.max_send_message_length", 64 * 1024 * 1024),
-]
 
 # A controller's heap is large and long-lived (a session, its tasks and its gRPC call per agent).
 # With CPython's default thresholds (700, 10, 10) every wave of new sessions (a fleet coming up,
