@@ -58,38 +58,6 @@ ENV_TEMPLATE = """\
 NODE_STATE = "/etc/tether /opt/tether /var/lib/tether/bootstrap.json /etc/systemd/system/tether-agent.service"
 
 
-class BridgeController(Controller):
-    """The harness controller, listening on the testbed bridge instead of loopback."""
-
-    def __init__(self, workdir: Path, host: str) -> None:
-        super().__init__(workdir)
-        self.host = host
-
-    def start(self, port: int | None = None) -> None:
-        listen = f"{self.host}:{port if port is not None else (self.port or 0)}"
-        with self.log_path.open("a") as log:
-            self.proc = subprocess.Popen(
-                [
-                    str(BIN / "tether-controller"),
-                    "serve",
-                    "--listen",
-                    listen,
-                    "--data-dir",
-                    str(self.data_dir),
-                    "--heartbeat-seconds",
-                    "1",
-                ],
-                stdout=subprocess.PIPE,
-                stderr=log,
-                text=True,
-            )
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        m = re.search(r"listening on (\S+):(\d+)", line)
-        assert m, f"controller did not start: {self.log_path.read_text()[-2000:]}"
-        self.address, self.port = f"{m.group(1)}:{m.group(2)}", int(m.group(2))
-
-
 @dataclass
 class Surfaces:
     """Everything the bootstrap printed or emitted in this module, for the canary checks."""
@@ -126,11 +94,9 @@ def aws(bed: Testbed) -> Iterator[None]:
 
 
 @pytest.fixture(scope="module")
-def controller(
-    bed: Testbed, aws: None, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[BridgeController]:
+def controller(bed: Testbed, aws: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Controller]:
     workdir = tmp_path_factory.mktemp("bootstrap-e2e")
-    c = BridgeController(workdir, bed.describe()["bridge_ip"])
+    c = Controller(workdir, bed.describe()["bridge_ip"])  # on the testbed bridge, not loopback
     c.start()
     doc = workdir / "lab.yaml"
     doc.write_text(
@@ -188,7 +154,7 @@ def assert_agent_running(bed: Testbed, controller: Controller, name: str) -> dic
 
 @pytest.fixture(scope="module")
 def three(
-    bed: Testbed, controller: BridgeController, surfaces: Surfaces, tmp_path_factory: pytest.TempPathFactory
+    bed: Testbed, controller: Controller, surfaces: Surfaces, tmp_path_factory: pytest.TempPathFactory
 ) -> dict[str, Any]:
     """node1..node3 adopted concurrently from an inventory over real SSH (the other tests build on it)."""
     desc = bed.describe()
@@ -215,7 +181,7 @@ def three(
 
 
 def test_three_nodes_bootstrapped_concurrently_run_the_agent_enrolled_and_provisioned(
-    bed: Testbed, controller: BridgeController, three: dict[str, Any]
+    bed: Testbed, controller: Controller, three: dict[str, Any]
 ) -> None:
     assert sorted(r["node"] for r in three["results"]) == ["node1", "node2", "node3"]
     assert {r["outcome"] for r in three["results"]} == {"installed"}
@@ -247,7 +213,7 @@ def test_three_nodes_bootstrapped_concurrently_run_the_agent_enrolled_and_provis
 
 
 def test_a_second_run_reports_already_installed_and_changes_nothing(
-    bed: Testbed, controller: BridgeController, three: dict[str, Any], surfaces: Surfaces
+    bed: Testbed, controller: Controller, three: dict[str, Any], surfaces: Surfaces
 ) -> None:
     before = {n: state_digest(bed, n) for n in ("node1", "node2", "node3")}
     tokens_before = controller.ctl("token", "list", "--env", "lab", "-o", "json").stdout
@@ -267,7 +233,7 @@ def test_a_second_run_reports_already_installed_and_changes_nothing(
 
 
 def test_after_restart_reboot_and_force_the_agent_is_back_with_the_same_identity(
-    bed: Testbed, controller: BridgeController, three: dict[str, Any], surfaces: Surfaces
+    bed: Testbed, controller: Controller, three: dict[str, Any], surfaces: Surfaces
 ) -> None:
     name = "node1"
     key = bed.exec(name, "sha256sum /var/lib/tether/key.pem").stdout
@@ -317,7 +283,7 @@ def test_after_restart_reboot_and_force_the_agent_is_back_with_the_same_identity
 
 
 def test_a_wrong_host_key_aborts_before_anything_is_written_then_a_sudo_user_with_a_password_works(
-    bed: Testbed, controller: BridgeController, surfaces: Surfaces
+    bed: Testbed, controller: Controller, surfaces: Surfaces
 ) -> None:
     name, desc = "node4", bed.describe()
     node = bed.node(name)
@@ -340,7 +306,7 @@ def test_a_wrong_host_key_aborts_before_anything_is_written_then_a_sudo_user_wit
 
 
 def test_a_passphrase_protected_key_works_and_the_join_token_never_leaks(
-    bed: Testbed, controller: BridgeController, surfaces: Surfaces, tmp_path: Path
+    bed: Testbed, controller: Controller, surfaces: Surfaces, tmp_path: Path
 ) -> None:
     """In-process, so the test knows the exact join token the run creates (the canary)."""
     name = "node5"
@@ -413,7 +379,7 @@ def test_a_passphrase_protected_key_works_and_the_join_token_never_leaks(
 
 
 def test_an_ssm_only_node_is_adopted_the_same_way(
-    bed: Testbed, controller: BridgeController, surfaces: Surfaces
+    bed: Testbed, controller: Controller, surfaces: Surfaces
 ) -> None:
     """The SSM endpoint really runs each command inside node6 (nsenter): no SSH involved at all."""
     name, instance = "node6", "i-0e2e000000000006"
@@ -441,7 +407,7 @@ def test_an_ssm_only_node_is_adopted_the_same_way(
 
 
 def test_through_the_controller_a_fresh_ssm_node_downloads_the_bundle_from_the_controller(
-    bed: Testbed, controller: BridgeController, surfaces: Surfaces
+    bed: Testbed, controller: Controller, surfaces: Surfaces
 ) -> None:
     name, instance = "node4", "i-0e2e000000000004"  # node4 again, wiped first: the revoked name re-enrolls
     bed.exec(

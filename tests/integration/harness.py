@@ -113,8 +113,8 @@ class Agent:
         self.log_path = workdir / f"agent-{name}.log"
         self.proc: subprocess.Popen[str] | None = None
 
-    def start(self, token: str = "", ca_hash: str = "", *extra: str) -> None:
-        args = [
+    def _argv(self, *extra: str) -> list[str]:
+        return [
             str(BIN / "tether-agent"),
             "run",
             "--controller",
@@ -123,6 +123,11 @@ class Agent:
             str(self.state_dir),
             "--node-name",
             self.name,
+            *extra,
+        ]
+
+    def start(self, token: str = "", ca_hash: str = "", *extra: str) -> None:
+        args = self._argv(
             "--heartbeat-seconds",
             "1",
             "--backoff-max-seconds",
@@ -130,7 +135,7 @@ class Agent:
             "--reboot-command",
             "true",
             *extra,
-        ]
+        )
         if token:
             args += ["--token", token, "--ca-hash", ca_hash]
         with self.log_path.open("a") as log:
@@ -140,21 +145,7 @@ class Agent:
         self, token: str, ca_hash: str, *extra: str, timeout: float = 30
     ) -> subprocess.CompletedProcess[str]:
         """Run an agent expected to exit (e.g. a refused enrollment)."""
-        args = [
-            str(BIN / "tether-agent"),
-            "run",
-            "--controller",
-            self.controller.address,
-            "--state-dir",
-            str(self.state_dir),
-            "--node-name",
-            self.name,
-            "--token",
-            token,
-            "--ca-hash",
-            ca_hash,
-            *extra,
-        ]
+        args = self._argv("--token", token, "--ca-hash", ca_hash, *extra)
         return subprocess.run(args, capture_output=True, text=True, timeout=timeout, check=False)
 
     def kill(self, sig: int = signal.SIGKILL) -> None:

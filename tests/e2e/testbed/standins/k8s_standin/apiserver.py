@@ -253,7 +253,7 @@ class Handler(BaseHTTPRequestHandler):
         if path in ("/healthz", "/readyz", "/livez"):
             return self.reply(200, "ok")
         if path == "/version":  # indented, as the API server writes it
-            return self.reply(200, (json.dumps(version_info(), indent=2) + "\n").encode())
+            return self.reply(200, (json.dumps(common.version_info(), indent=2) + "\n").encode())
         ident = self.identity()
         if path.startswith("/standin/v1/peer/"):
             if not ident.get("via_peer"):
@@ -417,7 +417,7 @@ class Handler(BaseHTTPRequestHandler):
                     selector = (query.get("labelSelector") or [""])[0]
                     nodes = self.node_list()
                     rendered = [objects.render(store.data, o, nodes, now) for o in items]
-                    rendered = [o for o in rendered if selected(o, selector)]
+                    rendered = [o for o in rendered if common.selected(o, selector)]
                     return self.reply(
                         200,
                         {
@@ -584,41 +584,6 @@ class TLSServer(ThreadingHTTPServer):
         except (OSError, ssl.SSLError):
             return
         super().finish_request(request, client_address)
-
-
-def selected(obj: dict[str, Any], selector: str) -> bool:
-    """Equality-based label selectors (``a=b,c!=d,e``)."""
-    labels = obj.get("metadata", {}).get("labels") or {}
-    for term in filter(None, (t.strip() for t in selector.split(","))):
-        if "!=" in term:
-            k, v = term.split("!=", 1)
-            if labels.get(k) == v:
-                return False
-        elif "=" in term:
-            k, v = term.split("=", 1)
-            if labels.get(k.rstrip("=")) != v:
-                return False
-        elif term.startswith("!"):
-            if term[1:] in labels:
-                return False
-        elif term not in labels:
-            return False
-    return True
-
-
-def version_info() -> dict[str, str]:
-    major, minor = VERSION.lstrip("v").split(".")[:2]
-    return {
-        "major": major,
-        "minor": minor,
-        "gitVersion": VERSION,
-        "gitCommit": "standin",
-        "gitTreeState": "clean",
-        "buildDate": "2024-12-10T00:00:00Z",
-        "goVersion": "go1.22.9",
-        "compiler": "gc",
-        "platform": "linux/amd64",
-    }
 
 
 def cluster_info(store: Store, ca_pem: bytes) -> dict[str, Any]:

@@ -413,3 +413,38 @@ def split_endpoint(endpoint: str, default_port: int = API_PORT) -> tuple[str, in
 
 def now_iso(ts: float | None = None) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts if ts is not None else time.time()))
+
+
+def selected(obj: dict[str, Any], selector: str | None) -> bool:
+    """Equality-based label selectors (``a=b,c!=d,e``)."""
+    labels = obj.get("metadata", {}).get("labels") or {}
+    for term in filter(None, (t.strip() for t in (selector or "").split(","))):
+        if "!=" in term:
+            k, v = term.split("!=", 1)
+            if labels.get(k) == v:
+                return False
+        elif "=" in term:
+            k, v = term.split("=", 1)
+            if labels.get(k.rstrip("=")) != v:
+                return False
+        elif term.startswith("!"):
+            if term[1:] in labels:
+                return False
+        elif term not in labels:
+            return False
+    return True
+
+
+def version_info() -> dict[str, str]:
+    major, minor = VERSION.lstrip("v").split(".")[:2]
+    return {
+        "major": major,
+        "minor": minor,
+        "gitVersion": VERSION,
+        "gitCommit": "standin",
+        "gitTreeState": "clean",
+        "buildDate": "2024-12-10T00:00:00Z",
+        "goVersion": "go1.22.9",
+        "compiler": "gc",
+        "platform": "linux/amd64",
+    }

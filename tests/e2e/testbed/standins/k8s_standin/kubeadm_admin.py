@@ -215,18 +215,7 @@ def cmd_upload_certs(args: argparse.Namespace) -> int:
 
 
 def cmd_version(args: argparse.Namespace) -> int:
-    major, minor = VERSION.lstrip("v").split(".")[:2]
-    info = {
-        "major": major,
-        "minor": minor,
-        "gitVersion": VERSION,
-        "gitCommit": "standin",
-        "gitTreeState": "clean",
-        "buildDate": "2024-12-10T00:00:00Z",
-        "goVersion": "go1.22.9",
-        "compiler": "gc",
-        "platform": "linux/amd64",
-    }
+    info = common.version_info()
     if args.output == "short":
         print(VERSION)
     elif args.output == "json":

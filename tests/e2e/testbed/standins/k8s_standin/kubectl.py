@@ -229,7 +229,7 @@ class Client:
             path += "?labelSelector=" + selector
         items: list[dict[str, Any]] = self.api.request("GET", path)["items"]
         if res == objects.NODES:
-            items = [n for n in items if _selected(n, selector)]
+            items = [n for n in items if common.selected(n, selector)]
         return items
 
 
@@ -403,7 +403,7 @@ def get_nodes(api: common.Api, flags: dict[str, Any], rest: list[str]) -> int:
         items = [api.request("GET", f"/api/v1/nodes/{n}") for n in names]
     else:
         items = api.request("GET", "/api/v1/nodes")["items"]
-    items = [n for n in items if _selected(n, flags.get("selector"))]
+    items = [n for n in items if common.selected(n, flags.get("selector"))]
     out = flags.get("output") or ""
     if out == "json":
         doc = (
@@ -900,27 +900,6 @@ def _age(seconds: float) -> str:
     if s < 86400 * 2:
         return f"{s // 3600}h"
     return f"{s // 86400}d"
-
-
-def _selected(node: dict[str, Any], selector: str | None) -> bool:
-    if not selector:
-        return True
-    labels = node["metadata"].get("labels", {})
-    for term in selector.split(","):
-        if "!=" in term:
-            k, v = term.split("!=", 1)
-            if labels.get(k) == v:
-                return False
-        elif "=" in term:
-            k, v = term.split("=", 1)
-            if labels.get(k.rstrip("=")) != v:
-                return False
-        elif term.startswith("!"):
-            if term[1:] in labels:
-                return False
-        elif term not in labels:
-            return False
-    return True
 
 
 def label(api: common.Api, flags: dict[str, Any], rest: list[str]) -> int:
