@@ -136,8 +136,8 @@ def test_kubectl_label_selector_and_jsonpath() -> None:
             "status": {"conditions": [{"type": "Ready", "status": "False"}]},
         },
     ]
-    assert [n["metadata"]["name"] for n in nodes if kubectl._selected(n, "role=cp")] == ["a"]
-    assert [n["metadata"]["name"] for n in nodes if kubectl._selected(n, "!role")] == ["b"]
+    assert [n["metadata"]["name"] for n in nodes if common.selected(n, "role=cp")] == ["a"]
+    assert [n["metadata"]["name"] for n in nodes if common.selected(n, "!role")] == ["b"]
     assert kubectl.jsonpath("{.items[*].metadata.name}", nodes, single=False) == "a b"
     ready = '{.status.conditions[?(@.type=="Ready")].status}'
     assert kubectl.jsonpath(ready, nodes[:1], single=True) == "True"
