@@ -1,0 +1,67 @@
+"""Every limit the controller enforces: one number each, all here (docs/security.md lists them).
+
+Wire sizes shared with the clients live in ``nodeagent.limits``; what follows is the controller's
+own: rates, quotas, queue sizes and caches. A limit that an operator may change is a
+``ControllerConfig`` field whose default is the number below.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from nodeagent.limits import (  # noqa: F401 (re-exported: one import for the controller's code)
+    ANONYMOUS_MESSAGE_BYTES,
+    ENVELOPE_BYTES,
+    EVENT_BATCH_BYTES,
+    MAX_DOCUMENT_BYTES,
+    MAX_LINE_BYTES,
+    MAX_RECEIVE_BYTES,
+    MAX_SEND_BYTES,
+    KiB,
+    MiB,
+)
+
+# -- anonymous callers (the enrollment identity is public) -------------------------------------
+ANONYMOUS_CONCURRENCY = 16  # anonymous calls in progress at once; more wait, then are refused
+ENROLL_RATE_PER_SECOND = 50.0  # enrollments accepted per second, all callers together
+ENROLL_BURST = 200
+REFUSED_LOG_PER_SECOND = 5.0  # log lines for refused calls (the rest are counted, then summarised)
+
+# -- documents ---------------------------------------------------------------------------------
+MAX_YAML_DEPTH = 64  # nesting of an environment document
+
+# -- per node ----------------------------------------------------------------------------------
+NODE_OUTPUT_BYTES_PER_SECOND = 1 * MiB  # output stored per node (excess summarised, not stored)
+NODE_OUTPUT_BURST_BYTES = 16 * MiB
+NODE_EVENTS_PER_SECOND = 1000.0
+NODE_EVENTS_BURST = 20_000
+NODE_RENEWALS_PER_HOUR = 6.0  # certificate renewals
+NODE_CONNECTS_PER_MINUTE = 30.0  # stream (re)opens
+
+# -- admin side --------------------------------------------------------------------------------
+FOLLOWER_QUEUE_BYTES = 8 * MiB  # events queued for one FollowEvents call; over it, it is cut off
+PLAN_CACHE_ENTRIES = 256  # rendered plans and plan messages kept
+
+
+@dataclass
+class TokenBucket:
+    """``rate`` tokens per second, at most ``burst`` saved up; ``take`` says whether there were enough."""
+
+    rate: float
+    burst: float
+    tokens: float = -1.0
+    stamp: float = field(default_factory=time.monotonic)
+
+    def __post_init__(self) -> None:
+        if self.tokens < 0:
+            self.tokens = self.burst
+
+    def take(self, amount: float = 1.0, now: float | None = None) -> bool:
+        now = time.monotonic() if now is None else now
+        self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
+        self.stamp = now
+        if self.tokens >= amount:
+            self.tokens -= amount
+            return True
+        return False

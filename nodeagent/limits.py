@@ -1,0 +1,35 @@
+"""Wire limits shared by the agent, tetherctl and the controller: one number each.
+
+docs/security.md lists every limit with its default and where it is enforced. The agent
+imports only this module (never ``controller.limits``); the controller builds its own on it.
+"""
+
+from __future__ import annotations
+
+KiB = 1024
+MiB = 1024 * KiB
+
+# What the controller may send in one message (a plan, an event page, a node list); every
+# client (agent, tetherctl, the bootstrap) is built to receive at least this much.
+MAX_SEND_BYTES = 64 * MiB
+# An environment document: refused at validate and apply above this (controller: configurable).
+MAX_DOCUMENT_BYTES = 1 * MiB
+# One batch of events on the agent's stream, encoded; well below the controller's receive limit.
+EVENT_BATCH_BYTES = 512 * KiB
+EVENT_BATCH_COUNT = 500
+# One output line as it leaves the node; a longer one is cut and says so.
+MAX_LINE_BYTES = 8 * KiB
+# Envelope room on top of the largest legitimate payload (field tags, the other fields).
+ENVELOPE_BYTES = 64 * KiB
+# What the controller accepts in one message: the largest legitimate one plus its envelope.
+MAX_RECEIVE_BYTES = max(MAX_DOCUMENT_BYTES, EVENT_BATCH_BYTES) + ENVELOPE_BYTES
+# Enroll and every other call open to the public anonymous enrollment identity.
+ANONYMOUS_MESSAGE_BYTES = 64 * KiB
+
+
+def client_options() -> list[tuple[str, int]]:
+    """gRPC channel options every tether client uses: it can receive whatever the controller sends."""
+    return [
+        ("grpc.max_receive_message_length", MAX_SEND_BYTES),
+        ("grpc.max_send_message_length", MAX_SEND_BYTES),
+    ]
