@@ -30,6 +30,7 @@ REFUSED_LOG_PER_SECOND = 5.0  # log lines for refused calls (the rest are counte
 
 # -- documents ---------------------------------------------------------------------------------
 MAX_YAML_DEPTH = 64  # nesting of an environment document
+MAX_YAML_NODES = 100_000  # nodes of an environment document, every alias counted at its full size
 
 # -- per node ----------------------------------------------------------------------------------
 NODE_OUTPUT_BYTES_PER_SECOND = 1 * MiB  # output stored per node (excess summarised, not stored)
