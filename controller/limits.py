@@ -27,6 +27,7 @@ ANONYMOUS_CONCURRENCY = 16  # anonymous calls in progress at once; more wait, th
 ENROLL_RATE_PER_SECOND = 50.0  # enrollments accepted per second, all callers together
 ENROLL_BURST = 200
 REFUSED_LOG_PER_SECOND = 5.0  # log lines for refused calls (the rest are counted, then summarised)
+ANONYMOUS_WAIT_SECONDS = 2.0  # how long an anonymous call over the concurrency waits for a slot
 
 # -- documents ---------------------------------------------------------------------------------
 MAX_YAML_DEPTH = 64  # nesting of an environment document
