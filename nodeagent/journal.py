@@ -1,8 +1,11 @@
 """The step journal: pending -> running -> succeeded / failed, keyed by step digest.
 
 ``running`` is committed before a step starts, so after a crash the agent
-knows which step was interrupted and runs it again; a digest that succeeded
-is never run again. Secret inputs are never journaled.
+knows which step was interrupted and runs it again. A step counts as done only
+while the *last* run of that step (by name) had this digest and succeeded:
+recording a step under a new digest supersedes (deletes) its entries under
+older ones, so going A -> B -> A runs the step again. Secret inputs are never
+journaled.
 """
 
 from __future__ import annotations
@@ -39,7 +42,10 @@ class Journal:
         self._db = db
 
     def get(self, digest: str) -> JournalEntry | None:
-        row = self._db.conn.execute(f"SELECT {_COLUMNS} FROM journal WHERE digest=?", (digest,)).fetchone()
+        """The entry for ``digest``, unless a later run of the same step superseded it."""
+        row = self._db.conn.execute(
+            f"SELECT {_COLUMNS} FROM journal j WHERE digest=? AND {_CURRENT}", (digest,)
+        ).fetchone()
         return _entry(row) if row else None
 
     def record(
@@ -54,6 +60,8 @@ class Journal:
         plan_digest: str = "",
     ) -> None:
         with self._db.transaction() as c:
+            # The last run of a step is the one that counts: older digests of it no longer do.
+            c.execute("DELETE FROM journal WHERE step=? AND digest<>?", (step, digest))
             c.execute(
                 f"INSERT OR REPLACE INTO journal ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?)",
                 (digest, step, state.value, attempt, exit_code, now_ms(), boot_id, plan_digest),
@@ -71,11 +79,17 @@ class Journal:
             return sum(c.execute("DELETE FROM journal WHERE digest=?", (d,)).rowcount for d in digests)
 
     def entries(self) -> list[JournalEntry]:
-        rows = self._db.conn.execute(f"SELECT {_COLUMNS} FROM journal ORDER BY updated_ms").fetchall()
+        """The current entry of every step (what ``status`` and the controller's Hello see)."""
+        rows = self._db.conn.execute(
+            f"SELECT {_COLUMNS} FROM journal j WHERE {_CURRENT} ORDER BY updated_ms"
+        ).fetchall()
         return [_entry(r) for r in rows]
 
 
 _COLUMNS = "digest, step, state, attempt, exit_code, updated_ms, boot_id, plan_digest"
+# A journal written before entries were superseded may hold several digests of one step: only the
+# most recently recorded one (INSERT OR REPLACE gives it the highest rowid) counts.
+_CURRENT = "NOT EXISTS (SELECT 1 FROM journal o WHERE o.step = j.step AND o.rowid > j.rowid)"
 
 
 def _entry(row: Any) -> JournalEntry:

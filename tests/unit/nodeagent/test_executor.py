@@ -214,3 +214,43 @@ async def test_a_reboot_that_fails_is_reported_and_stops_the_plan(tmp_path: Path
     failed = [e for e in h.executor.outbox.pending() if e.kind.label == "failed"]
     assert failed[0].message == "reboot failed: systemctl reboot exited with 1"
     assert count(tmp_path, "after") == 0
+
+
+def versioned(tmp: Path, content: str) -> Step:
+    """A step named "driver" whose script leaves ``content`` in a marker (what A or B installs)."""
+    script = f"echo {content} > {tmp}/driver.installed\necho ran >> {tmp}/driver.count\n"
+    return Step(name="driver", script=script)
+
+
+async def test_going_back_a_to_b_to_a_runs_the_step_again(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    a, b = plan(versioned(tmp_path, "550"), generation=1), plan(versioned(tmp_path, "560"), generation=2)
+    await h.run(a)
+    await h.run(b)
+    back = plan(versioned(tmp_path, "550"), generation=3)
+    await h.run(back)
+    assert count(tmp_path, "driver") == 3
+    assert (tmp_path / "driver.installed").read_text() == "550\n"
+    entries = h.executor.journal.entries()
+    assert [(e.step, e.digest, e.state) for e in entries] == [
+        ("driver", back.steps[0].digest, JournalState.SUCCEEDED)
+    ]
+    await h.run(back)  # the last run had this digest and succeeded: done, not run again
+    assert count(tmp_path, "driver") == 3
+
+
+async def test_a_journal_holding_older_digests_of_a_step_counts_only_the_last(tmp_path: Path) -> None:
+    """A journal written before superseding (both A and B succeeded, B last) still runs A again."""
+    h = Harness(tmp_path)
+    a, b = versioned(tmp_path, "550").sealed(), versioned(tmp_path, "560").sealed()
+    with h.db.transaction() as c:
+        for step in (a, b):
+            c.execute(
+                "INSERT INTO journal (digest, step, state, attempt, exit_code, updated_ms) "
+                "VALUES (?, 'driver', 'succeeded', 1, 0, 1)",
+                (step.digest,),
+            )
+    assert h.executor.journal.get(a.digest) is None
+    assert [e.digest for e in h.executor.journal.entries()] == [b.digest]
+    await h.run(plan(a))
+    assert (tmp_path / "driver.installed").read_text() == "550\n"
