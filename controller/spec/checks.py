@@ -2,7 +2,8 @@
 
 Each ``check_*`` returns ``""`` when the value is acceptable, else a short reason. The patterns
 are deliberately narrow: they admit what real versions, refs, URLs and labels look like and
-nothing that a shell, a YAML file or an apt/dnf source line would interpret.
+nothing that a shell, a YAML file or an apt/dnf source line would interpret. Every pattern is
+applied with ``fullmatch``: ``re.match`` with ``$`` also admits a trailing newline.
 """
 
 from __future__ import annotations
@@ -10,15 +11,15 @@ from __future__ import annotations
 import re
 
 PACKAGE_VERSION_RE = re.compile(r"^[0-9A-Za-z][0-9A-Za-z.+~:_-]{0,63}$")
-SEMVER_RE = re.compile(r"^v?([0-9]+)\.([0-9]+)\.([0-9]+)(-[0-9A-Za-z.-]{1,40})?$")
-MINOR_RE = re.compile(r"^v?([0-9]+)\.([0-9]+)$")
+SEMVER_RE = re.compile(r"^v?([0-9]{1,9})\.([0-9]{1,9})\.([0-9]{1,9})(-[0-9A-Za-z.-]{1,40})?$")
+MINOR_RE = re.compile(r"^v?([0-9]{1,9})\.([0-9]{1,9})$")
 KERNEL_RE = re.compile(r"^[0-9][0-9A-Za-z._+~-]{0,99}$")
 BRANCH_RE = re.compile(r"^[0-9]{3}$")
 GIT_REF_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,199}$")
 SHA1_RE = re.compile(r"^[0-9a-f]{40}$")
 SHA256_RE = re.compile(r"^(?:sha256:)?([0-9a-fA-F]{64})$")
 HOST_RE = re.compile(
-    r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"
+    r"^(?=.{1,253}\Z)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"
 )
 URL_RE = re.compile(
     r"^(?P<scheme>https?)://(?P<host>[A-Za-z0-9.-]{1,253}|\[[0-9A-Fa-f:.]{2,45}\])(?::(?P<port>[0-9]{1,5}))?"
@@ -28,7 +29,7 @@ GITHUB_SHORT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,38}/[A-Za-z0-9._-]{1,1
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 LABEL_NAME_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?$")
 LABEL_PREFIX_RE = re.compile(
-    r"^(?=.{1,253}$)[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$"
+    r"^(?=.{1,253}\Z)[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$"
 )
 FEATURE_GATE_RE = re.compile(r"^([A-Za-z][A-Za-z0-9]{0,99})=(true|false)$")
 PACKAGE_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9+._-]{0,99}$")
@@ -59,31 +60,31 @@ RESERVED_ENV_PREFIXES = ("TETHER_", "BASH_FUNC_")
 
 
 def check_package_version(value: str) -> str:
-    return (
-        "" if PACKAGE_VERSION_RE.match(value) else "not a package version (letters, digits and . + ~ : _ -)"
-    )
+    if PACKAGE_VERSION_RE.fullmatch(value):
+        return ""
+    return "not a package version (letters, digits and . + ~ : _ -)"
 
 
 def check_semver(value: str) -> str:
-    return "" if SEMVER_RE.match(value) else "not a version like v1.31.0"
+    return "" if SEMVER_RE.fullmatch(value) else "not a version like v1.31.0"
 
 
 def check_minor_or_semver(value: str) -> str:
-    if SEMVER_RE.match(value) or MINOR_RE.match(value):
+    if SEMVER_RE.fullmatch(value) or MINOR_RE.fullmatch(value):
         return ""
     return "not a version like v1.33 or v1.33.2"
 
 
 def check_kernel(value: str) -> str:
-    return "" if KERNEL_RE.match(value) else "not a kernel version like 6.8.0-1015-aws"
+    return "" if KERNEL_RE.fullmatch(value) else "not a kernel version like 6.8.0-1015-aws"
 
 
 def check_branch(value: str) -> str:
-    return "" if BRANCH_RE.match(value) else "not a driver branch (three digits, e.g. 580)"
+    return "" if BRANCH_RE.fullmatch(value) else "not a driver branch (three digits, e.g. 580)"
 
 
 def check_git_ref(value: str) -> str:
-    if not GIT_REF_RE.match(value):
+    if not GIT_REF_RE.fullmatch(value):
         return "not a git ref (letters, digits and . _ / -)"
     if ".." in value or "//" in value or value.endswith(("/", ".lock", ".")) or "/." in value:
         return "not a valid git ref"
@@ -91,7 +92,7 @@ def check_git_ref(value: str) -> str:
 
 
 def normalize_sha256(value: str) -> str | None:
-    m = SHA256_RE.match(value)
+    m = SHA256_RE.fullmatch(value)
     return m.group(1).lower() if m else None
 
 
@@ -100,7 +101,7 @@ def check_sha256(value: str) -> str:
 
 
 def check_url(value: str, *, https_only: bool = True) -> str:
-    m = URL_RE.match(value)
+    m = URL_RE.fullmatch(value)
     if not m:
         return "not a plain http(s) URL (no spaces, quotes, query strings or shell characters)"
     if https_only and m.group("scheme") != "https":
@@ -108,24 +109,24 @@ def check_url(value: str, *, https_only: bool = True) -> str:
     port = m.group("port")
     if port is not None and not 0 < int(port) < 65536:
         return "port out of range"
-    if m.group("host").startswith("[") is False and not HOST_RE.match(m.group("host")):
+    if m.group("host").startswith("[") is False and not HOST_RE.fullmatch(m.group("host")):
         return "not a valid host name"
     return ""
 
 
 def normalize_git_repo(value: str) -> str:
     """``owner/name`` (holodeck's GitHub shorthand) becomes an https URL; URLs stay as they are."""
-    if GITHUB_SHORT_RE.match(value) and "://" not in value:
+    if GITHUB_SHORT_RE.fullmatch(value) and "://" not in value:
         return f"https://github.com/{value}.git"
     return value
 
 
 def check_host(value: str) -> str:
-    return "" if HOST_RE.match(value) else "not a host name or IPv4 address"
+    return "" if HOST_RE.fullmatch(value) else "not a host name or IPv4 address"
 
 
 def check_env_name(value: str) -> str:
-    if not ENV_NAME_RE.match(value):
+    if not ENV_NAME_RE.fullmatch(value):
         return "not a valid environment variable name"
     if value in RESERVED_ENV or value.startswith(RESERVED_ENV_PREFIXES):
         return "reserved name (it changes how the step's shell or the agent behaves)"
@@ -142,27 +143,31 @@ def check_env_value(value: str) -> str:
 
 def check_label_key(value: str) -> str:
     prefix, sep, name = value.rpartition("/")
-    if sep and not LABEL_PREFIX_RE.match(prefix):
+    if sep and not LABEL_PREFIX_RE.fullmatch(prefix):
         return "label key prefix must be a DNS subdomain"
-    if not LABEL_NAME_RE.match(name):
+    if not LABEL_NAME_RE.fullmatch(name):
         return "not a Kubernetes label key"
     return ""
 
 
 def check_label_value(value: str) -> str:
-    return "" if value == "" or LABEL_NAME_RE.match(value) else "not a Kubernetes label value"
+    return "" if value == "" or LABEL_NAME_RE.fullmatch(value) else "not a Kubernetes label value"
 
 
 def check_feature_gate(value: str) -> str:
-    return "" if FEATURE_GATE_RE.match(value) else "must look like FeatureName=true or FeatureName=false"
+    return "" if FEATURE_GATE_RE.fullmatch(value) else "must look like FeatureName=true or FeatureName=false"
 
 
 def check_package_name(value: str) -> str:
-    return "" if PACKAGE_NAME_RE.match(value) else "not a package name"
+    return "" if PACKAGE_NAME_RE.fullmatch(value) else "not a package name"
+
+
+def check_suite(value: str) -> str:
+    return "" if SUITE_RE.fullmatch(value) else "not a suite"
 
 
 def check_local_path(value: str) -> str:
-    if not LOCAL_PATH_RE.match(value):
+    if not LOCAL_PATH_RE.fullmatch(value):
         return "path may contain only letters, digits and . _ / -"
     if ".." in value.split("/"):
         return "path must not contain '..'"

@@ -11,7 +11,14 @@ from typing import Any
 import yaml
 
 from controller.errors import InvalidArgument
-from controller.spec import parse_cluster, parse_components, parse_custom, parse_kubernetes, parse_sources
+from controller.spec import (
+    bounded_yaml,
+    parse_cluster,
+    parse_components,
+    parse_custom,
+    parse_kubernetes,
+    parse_sources,
+)
 from controller.spec.model import EnvironmentSpec
 from controller.spec.reader import Problems, Section
 
@@ -41,7 +48,9 @@ class LoadedSpec:
 def load_document(text: str) -> LoadedSpec:
     """Parse and validate; raises ``SpecError`` with every problem found."""
     try:
-        doc = yaml.safe_load(text)
+        doc = bounded_yaml.load(text)
+    except bounded_yaml.YamlLimit as exc:
+        raise SpecError([f"document: {exc}"]) from None
     except yaml.YAMLError as exc:
         raise SpecError([f"document: not valid YAML: {exc}"]) from None
     if not isinstance(doc, dict):
@@ -73,7 +82,7 @@ def load_document(text: str) -> LoadedSpec:
 def _name(top: Section) -> str:
     meta = top.section("metadata")
     name = meta.raw("name") if meta is not None else None
-    if not isinstance(name, str) or not NAME_RE.match(name):
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
         top.problems.add(
             "metadata.name", "required: lowercase letters, digits and '-', at most 63 characters"
         )

@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from controller.spec import checks
+from controller.spec import bounded_yaml, checks
 from controller.spec.load import SpecError
 
 MAX_FILE = 1 << 20
@@ -97,7 +97,7 @@ def inline_local_files(text: str, base_dir: Path | str) -> str:
     (relative to ``base_dir``) replaced by the file's content. Unchanged text when there is none;
     ``SpecError`` listing every file that cannot be read or does not match its checksum."""
     try:
-        doc = yaml.safe_load(text)
+        doc = bounded_yaml.load(text)
     except yaml.YAMLError:
         return text  # load_document reports it
     spec = doc.get("spec") if isinstance(doc, dict) else None

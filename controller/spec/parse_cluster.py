@@ -18,7 +18,7 @@ def _host_port(value: str) -> str:
     host, sep, port = value.rpartition(":")
     if not sep:
         return checks.check_host(value)
-    if not port.isdigit() or not 0 < int(port) < 65536:
+    if not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
         return "port must be a number from 1 to 65535"
     return checks.check_host(host)
 

@@ -34,7 +34,7 @@ def custom_templates(spec: Section) -> tuple[CustomTemplate, ...]:
 
 def _one(sec: Section, index: int) -> CustomTemplate:
     name = sec.string("name", f"template-{index}", required=True)
-    if not NAME_RE.match(name):
+    if not NAME_RE.fullmatch(name):
         sec.problems.add(sec.path_of("name"), "lowercase letters, digits and '-', at most 63 characters")
         name = f"template-{index}"
     phase = sec.choice("phase", PHASES, "post-install")

@@ -55,7 +55,7 @@ def kubernetes(spec: Section) -> KubernetesSpec:
         version = version or _v(old)
     if not version:
         version = defaults.KUBERNETES_VERSION
-    m = checks.SEMVER_RE.match(version)
+    m = checks.SEMVER_RE.fullmatch(version)
     if m and source == "release" and (int(m.group(1)), int(m.group(2))) < (1, 24):
         sec.problems.add(
             f"{sec.path_of('release')}.version", "releases before v1.24 are not served by pkgs.k8s.io"

@@ -42,7 +42,7 @@ def _key(sec: Section) -> str:
         return ""
     if value.startswith("-----BEGIN"):
         text = value if value.endswith("\n") else value + "\n"
-        if not checks.ARMORED_KEY_RE.match(text):
+        if not checks.ARMORED_KEY_RE.fullmatch(text):
             sec.problems.add(path, "not an ASCII-armored PGP public key block")
             return ""
         return text
@@ -72,10 +72,10 @@ def _repo(path: str, item: object, manager: str, spec: Section) -> PackageReposi
     suite = ""
     components: tuple[str, ...] = ()
     if manager == "apt":
-        suite = sec.string("suite", "./", check=lambda v: "" if checks.SUITE_RE.match(v) else "not a suite")
+        suite = sec.string("suite", "./", check=checks.check_suite)
         comps: list[str] = []
         for cpath, comp in sec.items("components"):
-            if not isinstance(comp, str) or not checks.COMPONENT_RE.match(comp):
+            if not isinstance(comp, str) or not checks.COMPONENT_RE.fullmatch(comp):
                 spec.problems.add(cpath, "not a repository component")
             else:
                 comps.append(comp)

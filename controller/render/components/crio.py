@@ -14,7 +14,7 @@ CRIO_REPOS = "https://download.opensuse.org/repositories/isv:/cri-o:/stable:"
 
 def track_and_pin(version: str) -> tuple[str, str]:
     """``v1.33`` -> (v1.33, ""); ``v1.33.2`` -> (v1.33, 1.33.2)."""
-    m = checks.SEMVER_RE.match(version)
+    m = checks.SEMVER_RE.fullmatch(version)
     if m:
         return f"v{m.group(1)}.{m.group(2)}", version.removeprefix("v")
     return ("v" + version.removeprefix("v")), ""

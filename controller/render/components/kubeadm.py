@@ -18,7 +18,7 @@ PKGS = "https://pkgs.k8s.io/core:/stable:"
 
 
 def _minor(version: str) -> str:
-    m = checks.SEMVER_RE.match(version)
+    m = checks.SEMVER_RE.fullmatch(version)
     return f"v{m.group(1)}.{m.group(2)}" if m else version
 
 

@@ -27,7 +27,7 @@ def cri_socket(inp: RenderInput) -> str:
 
 def api_version(version: str) -> str:
     """v1beta4 from Kubernetes 1.31 on (and for source builds), v1beta3 before."""
-    m = checks.SEMVER_RE.match(version)
+    m = checks.SEMVER_RE.fullmatch(version)
     if m and (int(m.group(1)), int(m.group(2))) < (1, 31):
         return "kubeadm.k8s.io/v1beta3"
     return "kubeadm.k8s.io/v1beta4"

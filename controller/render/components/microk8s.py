@@ -16,7 +16,7 @@ ADDONS = ("dns", "dashboard", "registry")
 
 
 def channel(version: str) -> str:
-    m = checks.SEMVER_RE.match(version)
+    m = checks.SEMVER_RE.fullmatch(version)
     return f"{m.group(1)}.{m.group(2)}/stable" if m else "stable"
 
 
