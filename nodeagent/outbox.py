@@ -1,6 +1,9 @@
 """The event outbox: every event gets the next per-node sequence number and stays on
 disk until the controller acknowledges it, so each event reaches the controller
 exactly once in effect (the controller stores by (node, seq) and ignores repeats).
+
+Every event is made to fit one batch before it is numbered (``bounds.fit``), and a batch is
+bounded in bytes as well as in events: nothing in the outbox is too large to leave the node.
 """
 
 from __future__ import annotations
@@ -9,6 +12,8 @@ import json
 from collections.abc import Sequence
 from dataclasses import replace
 
+from nodeagent import bounds, wire
+from nodeagent.limits import EVENT_BATCH_BYTES, EVENT_BATCH_COUNT
 from nodeagent.model import Event, now_ms
 from nodeagent.statedb import StateDB
 
@@ -34,15 +39,16 @@ class Outbox:
                 c.execute("INSERT OR REPLACE INTO meta VALUES ('acked_seq', ?)", (str(seq - 1),))
 
     def append(self, events: Sequence[Event]) -> list[Event]:
-        """Number and persist events (in the caller's transaction, if any)."""
+        """Cut or split events to fit a batch, then number and persist them (in the caller's
+        transaction, if any)."""
         if not events:
             return []
+        fitted = [part for e in events for part in bounds.fit(replace(e, time_ms=e.time_ms or now_ms()))]
         with self._db.transaction() as c:
             seq = self.next_seq
             stamped = []
-            for e in events:
-                e = replace(e, seq=seq, time_ms=e.time_ms or now_ms())
-                stamped.append(e)
+            for e in fitted:
+                stamped.append(replace(e, seq=seq))
                 seq += 1
             c.executemany(
                 "INSERT INTO outbox VALUES (?,?)",
@@ -51,11 +57,29 @@ class Outbox:
             c.execute("INSERT OR REPLACE INTO meta VALUES ('next_seq', ?)", (str(seq),))
         return stamped
 
-    def pending(self, after_seq: int = 0, limit: int = 500) -> list[Event]:
+    def pending(
+        self, after_seq: int = 0, limit: int = EVENT_BATCH_COUNT, max_bytes: int = EVENT_BATCH_BYTES
+    ) -> list[Event]:
+        """The next batch after ``after_seq``: at most ``limit`` events, ``max_bytes`` encoded.
+
+        Never empty while events wait: the first always fits (``bounds.shrink`` cuts one that an
+        older agent stored too large), so no event can wedge the outbox.
+        """
         rows = self._db.conn.execute(
             "SELECT body FROM outbox WHERE seq>? ORDER BY seq LIMIT ?", (after_seq, limit)
-        ).fetchall()
-        return [Event.from_json(json.loads(r[0])) for r in rows]
+        )
+        batch: list[Event] = []
+        used = wire.BATCH_ENVELOPE_BYTES
+        try:
+            for (body,) in rows:  # read one at a time: a batch's worth, not ``limit`` rows
+                e = bounds.shrink(Event.from_json(json.loads(body)), max_bytes - wire.BATCH_ENVELOPE_BYTES)
+                used += wire.batch_cost(e)
+                if batch and used > max_bytes:
+                    break
+                batch.append(e)
+        finally:
+            rows.close()
+        return batch
 
     def count(self) -> int:
         return int(self._db.conn.execute("SELECT COUNT(*) FROM outbox").fetchone()[0])

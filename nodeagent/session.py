@@ -31,6 +31,7 @@ from nodeagent.enroll import enroll
 from nodeagent.errors import AgentError, ControllerUnavailable, EnrollError, IdentityError
 from nodeagent.executor import Executor, scripts_dir
 from nodeagent.identity import Identity, IdentityStore, make_csr
+from nodeagent.limits import EVENT_BATCH_COUNT
 from nodeagent.model import Step
 from nodeagent.runner import Runner
 from nodeagent.secrets import PROCESS_REDACTOR
@@ -38,7 +39,7 @@ from nodeagent.statedb import StateDB
 
 log = logs.get_logger("tether.agent")
 
-EVENT_BATCH = 500
+EVENT_BATCH = EVENT_BATCH_COUNT  # bench/sim.py batches like the agent
 # A stream that lasted this long resets the backoff (one that dies at once does not).
 STABLE_STREAM_SECONDS = 10.0
 
@@ -281,7 +282,8 @@ class Agent:
             self._kick.clear()
             while not self._control.empty():
                 await call.write(self._control.get_nowait())
-            events = self.executor.outbox.pending(after_seq=last_sent, limit=EVENT_BATCH)
+            # Bounded in bytes (EVENT_BATCH_BYTES) and in events, far below the controller's limit.
+            events = self.executor.outbox.pending(after_seq=last_sent)
             if events:
                 # Only what is on disk leaves the node: a power cut must not take back an event
                 # the controller holds (its number would be given to another one).

@@ -131,6 +131,27 @@ def events_to_pb(events: Iterable[Event]) -> agent_pb2.EventBatch:
     return agent_pb2.EventBatch(events=[event_to_pb(e) for e in events])
 
 
+# The AgentMessage around an EventBatch: its field tag and length (at most 1 + 10 bytes).
+BATCH_ENVELOPE_BYTES = 16
+
+
+def varint_bytes(n: int) -> int:
+    """Bytes of ``n`` as a protobuf varint."""
+    return max(1, (n.bit_length() + 6) // 7)
+
+
+def batch_cost(e: Event) -> int:
+    """What ``e`` adds to an encoded EventBatch: its tag, its length and itself."""
+    n = event_to_pb(e).ByteSize()
+    return 1 + varint_bytes(n) + n
+
+
+def line_cost(line: str) -> int:
+    """What one more output line adds to an encoded Event (``lines`` is field 8: one tag byte)."""
+    n = len(line.encode())
+    return 1 + varint_bytes(n) + n
+
+
 def gpu_to_pb(g: Gpu) -> common_pb2.Gpu:
     return common_pb2.Gpu(
         index=g.index,
