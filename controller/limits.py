@@ -32,6 +32,7 @@ ANONYMOUS_WAIT_SECONDS = 2.0  # how long an anonymous call over the concurrency 
 # -- documents ---------------------------------------------------------------------------------
 MAX_YAML_DEPTH = 64  # nesting of an environment document
 MAX_YAML_NODES = 100_000  # nodes of an environment document, every alias counted at its full size
+DOCUMENT_PARSES = 2  # environment documents parsed at once (each in a worker thread)
 
 # -- per node ----------------------------------------------------------------------------------
 NODE_OUTPUT_BYTES_PER_SECOND = 1 * MiB  # output stored per node (excess summarised, not stored)
