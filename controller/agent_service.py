@@ -1,44 +1,48 @@
-"""AgentService: enrollment and the per-node stream (thin; the logic lives in its parts)."""
+"""AgentService: enrollment and the per-node stream (thin; the logic lives in its parts).
+
+Revocation and the presented certificate are checked when the stream opens, again at attach
+(after hello, with no await in between, so ``node revoke`` either sees the session or the
+attach sees the revocation), and before every hand-out: a plan, a renewal, accepting events,
+gates and step secrets (the orchestrator checks again before it releases anything).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import re
+import math
 import time
 from collections.abc import AsyncIterator
-from dataclasses import asdict, fields, is_dataclass, replace
+from dataclasses import fields, is_dataclass, replace
 from typing import Any
 
 import grpc
-from cryptography import x509
-from cryptography.hazmat.primitives import serialization
 
-from controller import tokens, wire
+from controller import enrollment, wire
 from controller.app import App
 from controller.auth import Kind
+from controller.enrollment import csr_key_hash, same
 from controller.errors import (
     AlreadyExists,
-    InvalidArgument,
+    ControllerError,
     PermissionDenied,
+    ResourceExhausted,
     TokenRejected,
     Unauthenticated,
 )
 from controller.hub import Session
+from controller.limits import PLAN_CACHE_ENTRIES
+from controller.quotas import NodeQuotas
+from controller.refusals import REFUSALS
 from controller.rpc import unary
 from controller.store.records import NodeRecord
-from controller.tokens import TokenRecord
 from nodeagent import logs
-from nodeagent.identity import CONTROLLER_SERVER_NAME
 from nodeagent.model import HostFacts, Plan, now_ms
-from nodeagent.secrets import Secret
 
 log = logs.get_logger("tether.controller.agents")
-NODE_NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?$")
-# Names a node certificate must never carry (they name the controller in TLS).
-RESERVED_NAMES = frozenset({CONTROLLER_SERVER_NAME, "localhost"})
 HEALTH_PERSIST_SECONDS = 60.0
+HELLO_TIMEOUT_SECONDS = 30.0
+MAX_SEQ = 2**62  # an acked boundary beyond this is nonsense (SQLite integers are 63-bit)
 
 
 def plain(value: Any) -> Any:
@@ -56,23 +60,12 @@ def plain(value: Any) -> Any:
 
 
 _FIELDS: dict[type, tuple[str, ...]] = {}
-PLAN_MESSAGE_CACHE = 256
-
-
-def csr_key_hash(csr_pem: bytes) -> str:
-    try:
-        csr = x509.load_pem_x509_csr(csr_pem)
-    except ValueError as exc:
-        raise InvalidArgument(f"invalid CSR: {exc}") from None
-    der = csr.public_key().public_bytes(
-        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
-    )
-    return hashlib.sha256(der).hexdigest()
 
 
 class AgentService(wire.AgentServiceServicer):
     def __init__(self, app: App) -> None:
         self.app = app
+        self.quotas = NodeQuotas()
         self._plan_messages: dict[tuple[str, str, int, str], wire.agent.ControllerMessage] = {}
 
     # -- Enroll -------------------------------------------------------------------------------
@@ -81,99 +74,41 @@ class AgentService(wire.AgentServiceServicer):
     async def Enroll(self, request: wire.agent.EnrollRequest, context: Any) -> wire.agent.EnrollResponse:
         app = self.app
         app.auth.principal(context)  # any verified identity, usually the anonymous one
-        token = Secret(request.token)
-        node_name = request.node_name.strip().lower()
-        if not NODE_NAME_RE.match(node_name):
-            raise InvalidArgument(
-                f"invalid node name {request.node_name!r}: use lowercase letters, digits, '-' and '.'"
-            )
-        if node_name in RESERVED_NAMES:
-            raise InvalidArgument(f"the node name {node_name!r} is reserved")
-        try:
-            token_id, secret_part = tokens.parse(token)
-        except TokenRejected as exc:
-            log.warning("enrollment refused", node=node_name, reason=exc.reason)
-            raise
-        key_hash = csr_key_hash(request.csr_pem)
-        facts = wire.facts_from_pb(request.facts)
         started_ms = now_ms()
-
-        def is_retry(token_rec: TokenRecord | None, existing: NodeRecord | None) -> bool:
-            # The same key asking again with the token it enrolled with (the reply was lost).
-            return (
-                token_rec is not None
-                and existing is not None
-                and not existing.revoked
-                and existing.key_hash == key_hash
-                and existing.token_id == token_rec.id
-                and tokens.hash_secret(secret_part) == token_rec.secret_hash
-            )
-
-        def check(token_rec: TokenRecord | None, existing: NodeRecord | None) -> None:
-            if is_retry(token_rec, existing):
-                return
-            tokens.check(
-                token_rec,
-                secret_part,
-                now_ms=now_ms(),
-                node_name=node_name,
-                expect_environment=request.expect_environment,
-                expect_role=request.expect_role,
-            )
-            assert token_rec is not None
-            if app.store.get_environment(token_rec.environment) is None:
-                raise TokenRejected(
-                    "scope",
-                    f"join token {token_rec.id} is scoped to environment "
-                    f"{token_rec.environment!r}, which no longer exists",
-                )
-            if existing is not None and not existing.revoked:
-                raise AlreadyExists(
-                    f"node {node_name!r} is already enrolled; revoke it first "
-                    f"(tetherctl node revoke {node_name}) to enroll a re-imaged machine"
-                )
-
+        ask: enrollment.EnrollAsk | None = None
         try:
+            ask = enrollment.parse(request)
             # Cheap read-only check first, so refused tokens never cost a signature.
-            check(app.store.get_token(token_id), app.store.get_node(node_name))
-            issued = app.ca.sign_node_csr(request.csr_pem, node_name, app.config.node_cert_days)
-
-            def decide(token_rec: TokenRecord | None, existing: NodeRecord | None) -> tuple[NodeRecord, bool]:
-                check(token_rec, existing)  # again, atomically with the use count
-                assert token_rec is not None
-                if is_retry(token_rec, existing):
-                    assert existing is not None
-                    return replace(
-                        existing,
-                        cert_fingerprint=issued.fingerprint,
-                        prev_fingerprint=existing.cert_fingerprint,
-                    ), False
-                return NodeRecord(
-                    name=node_name,
-                    environment=token_rec.environment,
-                    role=token_rec.role,
-                    cert_fingerprint=issued.fingerprint,
-                    key_hash=key_hash,
-                    token_id=token_rec.id,
-                    enrolled_ms=now_ms(),
-                    facts=asdict(facts),
-                    stored_seq=existing.stored_seq if existing else 0,
-                ), True
-
-            node = await app.store.enroll_node(token_id, node_name, decide)
-        except TokenRejected as exc:
-            log.warning("enrollment refused", node=node_name, token_id=token_id, reason=exc.reason)
+            enrollment.check(
+                app.store, ask, app.store.get_token(ask.token_id), app.store.get_node(ask.node_name)
+            )
+            issued = app.ca.sign_node_csr(request.csr_pem, ask.node_name, app.config.node_cert_days)
+            asked = ask
+            node = await app.store.enroll_node(
+                ask.token_id, ask.node_name, lambda t, e: enrollment.decide(app.store, asked, issued, t, e)
+            )
+        except (TokenRejected, AlreadyExists) as exc:
+            REFUSALS.refused(
+                "enrollment refused",
+                node=ask.node_name if ask else request.node_name[:64],
+                token_id=ask.token_id if ask else "",
+                reason=getattr(exc, "reason", "enrolled"),
+            )
             raise
-        if node.key_hash == key_hash and node.enrolled_ms >= started_ms:
-            await app.cluster.forget_node(node.environment, node_name)  # a fresh machine under this name
-        next_seq = max(node.stored_seq, app.store.max_seq(node_name)) + 1
+        if node.key_hash == ask.key_hash and node.enrolled_ms >= started_ms:
+            await app.cluster.forget_node(node.environment, ask.node_name)  # a fresh machine under this name
+        next_seq = max(node.stored_seq, app.store.max_seq(ask.node_name)) + 1
         log.info(
-            "node enrolled", node=node_name, environment=node.environment, role=node.role, token_id=token_id
+            "node enrolled",
+            node=ask.node_name,
+            environment=node.environment,
+            role=node.role,
+            token_id=ask.token_id,
         )
         return wire.agent.EnrollResponse(
             certificate_pem=issued.cert_pem,
             ca_pem=app.ca.cert_pem,
-            node_name=node_name,
+            node_name=ask.node_name,
             environment=node.environment,
             role=node.role,
             next_seq=next_seq,
@@ -181,39 +116,89 @@ class AgentService(wire.AgentServiceServicer):
 
     # -- Connect ------------------------------------------------------------------------------
 
+    def admitted(self, name: str, presented: str) -> NodeRecord:
+        """The node's current record if it may be served now: not revoked, and ``presented`` (the
+        fingerprint of its certificate) is its current one or the previous one."""
+        node = self.app.store.get_node(name)
+        if node is None or node.revoked:
+            raise PermissionDenied(f"node {name!r} is revoked or unknown")
+        if not (same(presented, node.cert_fingerprint) or same(presented, node.prev_fingerprint)):
+            raise Unauthenticated(f"the certificate of node {name!r} has been superseded")
+        return node
+
+    def _opening(self, context: Any) -> tuple[str, str]:
+        """(node name, presented fingerprint) of a stream that may open, or a ControllerError."""
+        principal = self.app.auth.principal(context)
+        if principal.kind is not Kind.NODE:
+            raise PermissionDenied("Connect needs a node certificate (enroll first)")
+        wait = self.quotas.connect(principal.name)
+        if wait:
+            REFUSALS.refused("stream refused: opened too often", node=principal.name)
+            raise ResourceExhausted(
+                f"node {principal.name!r} opens its stream too often; retry in {math.ceil(wait)}s",
+                retry_after_s=math.ceil(wait),
+            )
+        self.admitted(principal.name, principal.fingerprint)
+        return principal.name, principal.fingerprint
+
     async def Connect(  # type: ignore[override]  # writes with context.write instead of yielding
         self, request_iterator: AsyncIterator[wire.agent.AgentMessage], context: Any
     ) -> None:
         app = self.app
         try:
-            principal = app.auth.principal(context)
-            if principal.kind is not Kind.NODE:
-                raise PermissionDenied("Connect needs a node certificate (enroll first)")
-            node = app.store.get_node(principal.name)
-            if node is None or node.revoked:
-                raise PermissionDenied(f"node {principal.name!r} is revoked or unknown")
-            if principal.fingerprint not in (node.cert_fingerprint, node.prev_fingerprint):
-                raise Unauthenticated(f"the certificate of node {node.name!r} has been superseded")
-        except (PermissionDenied, Unauthenticated) as exc:
-            await context.abort(exc.code, str(exc))
+            name, presented = self._opening(context)
+        except ControllerError as exc:
+            await _abort(context, exc)
             return
         it = request_iterator.__aiter__()
         try:
-            first = await asyncio.wait_for(it.__anext__(), 30)
+            first = await asyncio.wait_for(it.__anext__(), HELLO_TIMEOUT_SECONDS)
         except (StopAsyncIteration, asyncio.TimeoutError):
             return
         if first.WhichOneof("kind") != "hello":
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first message must be hello")
             return
-        session = app.hub.attach(node.name, node.environment)
+        try:
+            node = self.admitted(name, presented)  # again: it may have been revoked while we waited
+        except ControllerError as exc:
+            REFUSALS.refused("stream refused at attach", node=name, reason=str(exc))
+            await _abort(context, exc)
+            return
+        session = app.hub.attach(node.name, node.environment)  # no await since the check
         with logs.bound(node=node.name):
             try:
-                await self._serve(node, session, first.hello, it, context, presented=principal.fingerprint)
+                await self._serve(node, session, first.hello, it, context, presented=presented)
+            except ControllerError as exc:
+                await _abort(context, exc)
             finally:
                 app.hub.detach(session)
                 with contextlib.suppress(Exception):
                     await app.store.update_node(node.name, last_seen_ms=now_ms())
                 log.info("stream closed")
+
+    async def _greet(self, node: NodeRecord, hello: wire.agent.Hello, presented: str) -> NodeRecord:
+        """Record the hello; retire the previous certificate once the current one is presented;
+        take the agent's acked boundary when this store is behind it (restored from a backup)."""
+        app = self.app
+        facts = wire.facts_from_pb(hello.facts)
+        await app.store.update_node(
+            node.name, facts=plain(facts), agent_version=hello.agent_version, last_seen_ms=now_ms()
+        )
+        if node.prev_fingerprint and same(presented, node.cert_fingerprint):
+            await app.store.update_node(node.name, prev_fingerprint="")
+            node = replace(node, prev_fingerprint="")
+            log.info("the previous certificate is retired: the renewed one is in use")
+        acked = min(hello.last_acked_seq, MAX_SEQ)
+        if acked > node.stored_seq:
+            stored = await app.store.accept_acked(node.name, acked)
+            log.warning(
+                "the agent had events acknowledged that this store lacks (restored from a backup?); "
+                "recorded the gap and accepted its boundary",
+                missing_from=node.stored_seq + 1,
+                missing_to=acked,
+            )
+            node = replace(node, stored_seq=stored)
+        return node
 
     async def _serve(
         self,
@@ -225,10 +210,7 @@ class AgentService(wire.AgentServiceServicer):
         presented: str = "",
     ) -> None:
         app = self.app
-        facts = wire.facts_from_pb(hello.facts)
-        await app.store.update_node(
-            node.name, facts=plain(facts), agent_version=hello.agent_version, last_seen_ms=now_ms()
-        )
+        node = await self._greet(node, hello, presented)
         await context.write(
             wire.agent.ControllerMessage(
                 welcome=wire.agent.Welcome(node_name=node.name, stored_seq=node.stored_seq)
@@ -246,7 +228,10 @@ class AgentService(wire.AgentServiceServicer):
             agent_next_seq=hello.next_seq,
         )
         await self.deliver_plan(
-            node, facts, agent_digest=hello.plan_digest, agent_generation=hello.plan_generation
+            node,
+            wire.facts_from_pb(hello.facts),
+            agent_digest=hello.plan_digest,
+            agent_generation=hello.plan_generation,
         )
         await app.cluster.on_connect(node)
         # Three tasks for the life of the stream (not one wait per outgoing message): whichever
@@ -271,16 +256,24 @@ class AgentService(wire.AgentServiceServicer):
     async def _write(session: Session, context: Any) -> None:
         outbox = session.outbox
         while True:
-            await context.write(await outbox.get())
+            msg = await outbox.get()
+            if session.closed.is_set():  # revoked or replaced: nothing queued meanwhile goes out
+                return
+            await context.write(msg)
 
     async def deliver_plan(
         self, node: NodeRecord, facts: HostFacts, *, agent_digest: str = "", agent_generation: int = -1
     ) -> None:
         """Render the node's plan; record it and send it when the agent does not have it."""
         app = self.app
-        cluster = await app.cluster.context(node)
+        current = app.store.get_node(node.name)
+        if current is None or current.revoked:
+            return  # a revoked node gets no plan (its stream is being closed)
+        cluster = await app.cluster.context(current)
         plan = app.planner.plan(node.environment, node.role, facts, cluster)
-        current = app.store.get_node(node.name) or node
+        current = app.store.get_node(node.name)
+        if current is None or current.revoked:
+            return
         if plan.digest != current.plan_digest or plan.generation != current.plan_generation:
             await app.store.set_node_plan(node.name, plan)
         if plan.digest != agent_digest or plan.generation != agent_generation:
@@ -293,7 +286,7 @@ class AgentService(wire.AgentServiceServicer):
         if msg is None:
             msg = wire.agent.ControllerMessage(plan=wire.plan_to_pb(plan))
             self._plan_messages[key] = msg
-            while len(self._plan_messages) > PLAN_MESSAGE_CACHE:
+            while len(self._plan_messages) > PLAN_CACHE_ENTRIES:
                 del self._plan_messages[next(iter(self._plan_messages))]
         return msg
 
@@ -304,51 +297,59 @@ class AgentService(wire.AgentServiceServicer):
         it: AsyncIterator[wire.agent.AgentMessage],
         presented: str = "",
     ) -> None:
-        app = self.app
         async for msg in it:
             session.last_seen = time.monotonic()
             kind = msg.WhichOneof("kind")
-            if kind == "events":
-                await self._events(node, session, msg.events.events)
-            elif kind == "health":
+            if kind == "health":
                 session.report_health(msg.health, wire.health_from_pb)
                 saved = session.health_saved
                 if not saved or session.last_seen - saved >= HEALTH_PERSIST_SECONDS:
                     await self._save_health(node, session)
-            elif kind == "gate":
-                await app.gates.gate_requested(node, msg.gate.step, msg.gate.digest, msg.gate.attempt or 1)
-            elif kind == "secrets":
-                s = msg.secrets
-                # The gate keeper decides what is accepted; it masks what it keeps.
-                if await app.gates.secrets_received(
-                    node, s.step, dict(s.values), s.command_id, dict(s.outputs)
-                ):
-                    session.send(
-                        wire.agent.ControllerMessage(
-                            ack=wire.agent.Ack(seq=0, secrets=[s.command_id or s.step])
-                        )
-                    )
-            elif kind == "renew":
-                await self._renew(node, session, msg.renew.csr_pem, presented)
+            elif kind in ("events", "gate", "secrets", "renew"):
+                self.admitted(node.name, presented)  # revoked meanwhile: the stream ends here
+                await self._handle(node, session, msg, kind, presented)
             elif kind == "hello":
                 log.warning("duplicate hello ignored")
             else:
                 log.warning("ignoring a message kind this controller does not know", kind=kind)
 
+    async def _handle(
+        self, node: NodeRecord, session: Session, msg: wire.agent.AgentMessage, kind: str, presented: str
+    ) -> None:
+        """The messages that store something or may hand something out (the node was just checked)."""
+        app = self.app
+        if kind == "events":
+            await self._events(node, session, msg.events.events)
+        elif kind == "gate":
+            await app.gates.gate_requested(node, msg.gate.step, msg.gate.digest, msg.gate.attempt or 1)
+        elif kind == "secrets":
+            s = msg.secrets
+            # The gate keeper decides what is accepted; it masks what it keeps.
+            if await app.gates.secrets_received(node, s.step, dict(s.values), s.command_id, dict(s.outputs)):
+                session.send(
+                    wire.agent.ControllerMessage(ack=wire.agent.Ack(seq=0, secrets=[s.command_id or s.step]))
+                )
+        elif kind == "renew":
+            await self._renew(node, session, msg.renew.csr_pem, presented)
+
     async def _events(self, node: NodeRecord, session: Session, raw: Any) -> None:
+        """Store a batch: over-quota output summarised first (never redacted, never stored), then
+        the rest redacted; acknowledge the contiguous mark and pass the batch on."""
         app = self.app
         redact = app.redactor.redact
-        events = []
-        for m in raw:
-            e = wire.event_from_pb(m)
+        events, dropped = self.quotas.apply(node.name, [wire.event_from_pb(m) for m in raw])
+        if dropped:
+            REFUSALS.refused(
+                "output over the node's quota summarised, not stored", node=node.name, events=dropped
+            )
+        for i, e in enumerate(events):
             if e.lines or e.message or e.observed:
-                e = replace(
+                events[i] = replace(
                     e,
                     lines=tuple(redact(line) for line in e.lines),
                     message=redact(e.message),
                     observed={k: redact(v) for k, v in e.observed.items()},
                 )
-            events.append(e)
         stored = await app.store.append_events(node.name, events)
         session.send(wire.agent.ControllerMessage(ack=wire.agent.Ack(seq=stored)))
         # A generator: the copies are made only when someone follows this node's events.
@@ -364,13 +365,16 @@ class AgentService(wire.AgentServiceServicer):
 
     async def _renew(self, node: NodeRecord, session: Session, csr_pem: bytes, presented: str) -> None:
         """Sign a new certificate for the node's own key. The certificate it presented stays valid
-        (as the previous one) until the new one is seen, so a lost reply never locks it out."""
+        (as the previous one) until the new one is presented, so a lost reply never locks it out."""
         app = self.app
         current = app.store.get_node(node.name)
         if current is None or current.revoked:
             return
-        if csr_key_hash(csr_pem) != current.key_hash:
-            log.warning("certificate renewal refused: the CSR has a different key")
+        if not same(csr_key_hash(csr_pem), current.key_hash):
+            REFUSALS.refused("certificate renewal refused: the CSR has a different key", node=node.name)
+            return
+        if not self.quotas.renewal(node.name):
+            REFUSALS.refused("certificate renewal refused: over the node's renewal rate", node=node.name)
             return
         issued = app.ca.sign_node_csr(csr_pem, node.name, app.config.node_cert_days)
         await app.store.update_node(
@@ -382,3 +386,11 @@ class AgentService(wire.AgentServiceServicer):
             wire.agent.ControllerMessage(certificate=wire.agent.Certificate(certificate_pem=issued.cert_pem))
         )
         log.info("certificate renewed")
+
+
+async def _abort(context: Any, exc: ControllerError) -> None:
+    """End the call with ``exc``'s status; a rate refusal carries its retry hint as metadata too."""
+    metadata: tuple[tuple[str, str], ...] = ()
+    if isinstance(exc, ResourceExhausted) and exc.retry_after_s:
+        metadata = (("retry-after-seconds", str(math.ceil(exc.retry_after_s))),)
+    await context.abort(exc.code, str(exc), trailing_metadata=metadata)

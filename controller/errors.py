@@ -9,7 +9,9 @@ Hierarchy::
     ├── PermissionDenied       the caller's identity may not do this
     ├── Unauthenticated        no usable identity
     ├── FailedPrecondition     e.g. deleting an environment that still has nodes
-    └── TokenRejected          a join token was refused; the message says why
+    ├── TokenRejected          a join token was refused; the message says why
+    ├── ResourceExhausted      a per-node rate or quota was exceeded; the message says when to retry
+    └── StoreError             the database cannot be opened (corrupt, or from a newer controller)
 """
 
 from __future__ import annotations
@@ -60,3 +62,20 @@ class TokenRejected(ControllerError):
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)
         self.reason = reason
+
+
+class ResourceExhausted(ControllerError):
+    """Over a rate or quota; ``retry_after_s`` says when trying again can succeed (0: unknown)."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    retryable = True
+
+    def __init__(self, message: str, retry_after_s: float = 0.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class StoreError(ControllerError):
+    """The store cannot be used; the message names the file and what to do."""
+
+    code = grpc.StatusCode.UNAVAILABLE

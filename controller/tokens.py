@@ -19,7 +19,7 @@ from nodeagent.secrets import Secret
 ID_LEN = 6
 SECRET_LEN = 32
 _ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789"
-TOKEN_RE = re.compile(rf"^([a-z0-9]{{{ID_LEN}}})\.([a-z0-9]{{{SECRET_LEN}}})$")
+TOKEN_RE = re.compile(rf"([a-z0-9]{{{ID_LEN}}})\.([a-z0-9]{{{SECRET_LEN}}})")
 DEFAULT_TTL_SECONDS = 24 * 3600
 MAX_TTL_SECONDS = 365 * 24 * 3600
 DEFAULT_USES = 1
@@ -56,7 +56,7 @@ def hash_secret(secret_part: str) -> str:
 
 def parse(token: Secret) -> tuple[str, str]:
     """Split a token into (id, secret), refusing anything malformed."""
-    m = TOKEN_RE.match(token.reveal().strip())
+    m = TOKEN_RE.fullmatch(token.reveal().strip())
     if not m:
         raise TokenRejected("invalid", "join token is malformed (expected id.secret)")
     return m.group(1), m.group(2)
@@ -72,16 +72,30 @@ def check(
     expect_role: str = "",
 ) -> None:
     """Raise TokenRejected unless this token may enroll ``node_name`` now."""
+    check_state(record, secret_part, now_ms=now_ms)
+    assert record is not None
+    if record.uses >= record.max_uses:
+        raise TokenRejected(
+            "used", f"join token {record.id} was already used ({record.uses} of {record.max_uses} uses)"
+        )
+    check_scope(record, node_name, expect_environment, expect_role)
+
+
+def check_state(record: TokenRecord | None, secret_part: str, *, now_ms: int) -> None:
+    """The secret matches (constant time) and the token is neither revoked nor expired.
+
+    Every enrollment checks this, a retry by the same key included (its use is already counted).
+    """
     if record is None or not hmac.compare_digest(record.secret_hash, hash_secret(secret_part)):
         raise TokenRejected("invalid", "join token is invalid (unknown id or wrong secret)")
     if record.revoked:
         raise TokenRejected("revoked", f"join token {record.id} has been revoked")
     if now_ms >= record.expires_ms:
         raise TokenRejected("expired", f"join token {record.id} has expired")
-    if record.uses >= record.max_uses:
-        raise TokenRejected(
-            "used", f"join token {record.id} was already used ({record.uses} of {record.max_uses} uses)"
-        )
+
+
+def check_scope(record: TokenRecord, node_name: str, expect_environment: str, expect_role: str) -> None:
+    """The token is for this node name and the environment and role the agent expects."""
     if record.node_name and record.node_name != node_name:
         raise TokenRejected(
             "scope", f"join token {record.id} is scoped to node {record.node_name!r}, not {node_name!r}"

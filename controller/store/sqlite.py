@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+from controller.errors import StoreError
 from controller.store.records import EnvironmentRecord, NodeRecord, StepRecord
 from controller.tokens import TokenRecord
 from nodeagent.model import Event, EventKind, Plan, now_ms
@@ -238,19 +239,39 @@ def _encode(value: Any) -> Any:
     return value
 
 
+def _open(path: Path, migrate: WriteFn) -> tuple[_Writer, sqlite3.Connection]:
+    """The writer (schema migrated) and the read connection, or StoreError naming the file."""
+    writer: _Writer | None = None
+    try:
+        writer = _Writer(path)
+        writer.run_sync(migrate)
+        read = _connect(path)
+        read.execute("SELECT COUNT(*) FROM nodes").fetchone()
+    except sqlite3.DatabaseError as exc:
+        if writer is not None:
+            writer.close()
+        raise StoreError(
+            f"cannot open the controller database {path}: {exc}; restore it from a backup "
+            f"(docs/operations.md) or move it aside to start with an empty store"
+        ) from None
+    except StoreError:
+        if writer is not None:
+            writer.close()
+        raise
+    return writer, read
+
+
 class SqliteStore:
     """``Store`` on one SQLite file."""
 
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
-        self._writer = _Writer(path)
-        self._writer.run_sync(self._migrate)
+        self._writer, self._read = _open(path, self._migrate)
         for suffix in ("", "-wal", "-shm"):
             p = path.with_name(path.name + suffix)
             if p.exists():
                 p.chmod(0o600)
-        self._read = _connect(path)
         self._read_lock = threading.Lock()
         # Parsed environments, checked against (generation, created, updated) on every read: the
         # planner and the cluster code ask for one on every stream and event batch, and the
@@ -264,7 +285,10 @@ class SqliteStore:
         if row is None:
             conn.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
         elif int(row[0]) > SCHEMA_VERSION:
-            raise RuntimeError(f"store schema {row[0]} is newer than this controller ({SCHEMA_VERSION})")
+            raise StoreError(
+                f"the database schema {row[0]} is newer than this controller ({SCHEMA_VERSION}): "
+                "run the controller version that wrote it, or restore a backup"
+            )
 
     async def close(self) -> None:
         await asyncio.to_thread(self._writer.close)
@@ -558,6 +582,50 @@ class SqliteStore:
                     break
                 new_stored = seq
             _apply_step_events(conn, node, [e for e in events if e.seq > stored])
+            conn.execute("UPDATE nodes SET stored_seq=? WHERE name=?", (new_stored, node))
+            return new_stored
+
+        return await self._write(fn)
+
+    async def accept_acked(self, node: str, acked_seq: int) -> int:
+        """The agent says events up to ``acked_seq`` were acknowledged, and this store is behind
+        (restored from an earlier copy): record the gap as one event (at the first missing number)
+        and take the agent's boundary, so its outbox drains. Returns the new stored seq."""
+
+        def fn(conn: sqlite3.Connection) -> int:
+            row = conn.execute("SELECT stored_seq FROM nodes WHERE name=?", (node,)).fetchone()
+            if row is None:
+                raise KeyError(f"unknown node {node!r}")
+            stored = int(row[0])
+            if acked_seq <= stored:
+                return stored
+            gap = Event(
+                kind=EventKind.INFO,
+                seq=stored + 1,
+                time_ms=now_ms(),
+                message=(
+                    f"events {stored + 1}..{acked_seq} were acknowledged before this controller's "
+                    "store was restored from an earlier copy; they are missing here"
+                ),
+            )
+            conn.execute(
+                "INSERT OR IGNORE INTO events VALUES (?,?,?,?,?,?)",
+                (
+                    node,
+                    gap.seq,
+                    gap.time_ms,
+                    int(gap.kind),
+                    "",
+                    json.dumps(gap.to_json(), separators=(",", ":")),
+                ),
+            )
+            new_stored = acked_seq
+            for (seq,) in conn.execute(
+                "SELECT seq FROM events WHERE node=? AND seq>? ORDER BY seq", (node, acked_seq)
+            ):
+                if seq != new_stored + 1:
+                    break
+                new_stored = seq
             conn.execute("UPDATE nodes SET stored_seq=? WHERE name=?", (new_stored, node))
             return new_stored
 

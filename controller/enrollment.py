@@ -1,0 +1,160 @@
+"""Enrollment: each check an ``Enroll`` call must pass, on its own, and the node record it writes.
+
+Every path checks the join token's secret (in constant time) and its state (revoked, expired),
+the same key's retry included: a retry only skips the use count (its use is already counted)
+and the "already enrolled" refusal (the node it enrolled is itself).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+
+from controller import tokens, wire
+from controller.ca import IssuedCert
+from controller.errors import AlreadyExists, InvalidArgument, TokenRejected
+from controller.store.base import Store
+from controller.store.records import NodeRecord
+from controller.tokens import TokenRecord
+from nodeagent.identity import CONTROLLER_SERVER_NAME
+from nodeagent.model import now_ms
+from nodeagent.secrets import Secret
+
+NODE_NAME_RE = re.compile(r"[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?")
+# Names a node certificate must never carry (they name the controller in TLS).
+RESERVED_NAMES = frozenset({CONTROLLER_SERVER_NAME, "localhost"})
+
+
+def same(a: str, b: str) -> bool:
+    """Constant-time equality of two secrets, hashes or fingerprints; an empty value matches nothing."""
+    return bool(a) and bool(b) and hmac.compare_digest(a.encode(), b.encode())
+
+
+@dataclass(frozen=True)
+class EnrollAsk:
+    """An ``EnrollRequest``, parsed and checked for form (not yet against the store)."""
+
+    node_name: str
+    token_id: str
+    secret_part: str = field(repr=False)
+    key_hash: str
+    expect_environment: str
+    expect_role: str
+    facts: dict[str, Any]
+
+
+def csr_key_hash(csr_pem: bytes) -> str:
+    """SHA-256 of the CSR's public key (SubjectPublicKeyInfo DER): the node's identity key."""
+    try:
+        csr = x509.load_pem_x509_csr(csr_pem)
+    except ValueError as exc:
+        raise InvalidArgument(f"invalid CSR: {exc}") from None
+    der = csr.public_key().public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    return hashlib.sha256(der).hexdigest()
+
+
+def node_name(raw: str) -> str:
+    """The requested name, normalised, or InvalidArgument."""
+    name = raw.strip().lower()
+    if not NODE_NAME_RE.fullmatch(name):
+        raise InvalidArgument(f"invalid node name {raw!r}: use lowercase letters, digits, '-' and '.'")
+    if name in RESERVED_NAMES:
+        raise InvalidArgument(f"the node name {name!r} is reserved")
+    return name
+
+
+def parse(request: wire.agent.EnrollRequest) -> EnrollAsk:
+    """Form checks only: the name, the token's shape (TokenRejected), the CSR (InvalidArgument)."""
+    name = node_name(request.node_name)
+    token_id, secret_part = tokens.parse(Secret(request.token))
+    return EnrollAsk(
+        node_name=name,
+        token_id=token_id,
+        secret_part=secret_part,
+        key_hash=csr_key_hash(request.csr_pem),
+        expect_environment=request.expect_environment,
+        expect_role=request.expect_role,
+        facts=asdict(wire.facts_from_pb(request.facts)),
+    )
+
+
+def is_retry(ask: EnrollAsk, token: TokenRecord | None, existing: NodeRecord | None) -> bool:
+    """The same key asking again with the token it enrolled with (the reply was lost)."""
+    return (
+        token is not None
+        and existing is not None
+        and not existing.revoked
+        and same(existing.key_hash, ask.key_hash)
+        and existing.token_id == token.id
+    )
+
+
+def check_environment(store: Store, token: TokenRecord) -> None:
+    """The environment the token enrolls into still exists."""
+    if store.get_environment(token.environment) is None:
+        raise TokenRejected(
+            "scope",
+            f"join token {token.id} is scoped to environment {token.environment!r}, which no longer exists",
+        )
+
+
+def check_not_enrolled(ask: EnrollAsk, existing: NodeRecord | None) -> None:
+    """A live node of this name is not taken over (a re-imaged machine is revoked first)."""
+    if existing is not None and not existing.revoked:
+        raise AlreadyExists(
+            f"node {ask.node_name!r} is already enrolled; revoke it first "
+            f"(tetherctl node revoke {ask.node_name}) to enroll a re-imaged machine"
+        )
+
+
+def check(store: Store, ask: EnrollAsk, token: TokenRecord | None, existing: NodeRecord | None) -> None:
+    """Raise unless this call may enroll (or re-enroll, for a retry) now."""
+    now = now_ms()
+    if is_retry(ask, token, existing):
+        tokens.check_state(token, ask.secret_part, now_ms=now)
+        return
+    tokens.check(
+        token,
+        ask.secret_part,
+        now_ms=now,
+        node_name=ask.node_name,
+        expect_environment=ask.expect_environment,
+        expect_role=ask.expect_role,
+    )
+    assert token is not None
+    check_environment(store, token)
+    check_not_enrolled(ask, existing)
+
+
+def decide(
+    store: Store, ask: EnrollAsk, issued: IssuedCert, token: TokenRecord | None, existing: NodeRecord | None
+) -> tuple[NodeRecord, bool]:
+    """The record to write and whether the token's use is counted (run atomically by the store)."""
+    check(store, ask, token, existing)  # again, atomically with the use count
+    assert token is not None
+    if is_retry(ask, token, existing):
+        assert existing is not None
+        retried = replace(
+            existing, cert_fingerprint=issued.fingerprint, prev_fingerprint=existing.cert_fingerprint
+        )
+        return retried, False
+    fresh = NodeRecord(
+        name=ask.node_name,
+        environment=token.environment,
+        role=token.role,
+        cert_fingerprint=issued.fingerprint,
+        key_hash=ask.key_hash,
+        token_id=token.id,
+        enrolled_ms=now_ms(),
+        facts=ask.facts,
+        stored_seq=existing.stored_seq if existing else 0,
+    )
+    return fresh, True

@@ -1,0 +1,112 @@
+"""Per-node quotas: stored output bytes, events, certificate renewals and stream (re)opens.
+
+One set of token buckets per node name, kept for the life of the process (a re-opened stream
+does not refill them). Output over its quota is summarised, never stored: the event keeps its
+number, kind and step (so sequence numbers stay contiguous and step states stay right) and its
+lines become one marker line that says what was dropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+from controller.limits import (
+    NODE_CONNECTS_PER_MINUTE,
+    NODE_EVENTS_BURST,
+    NODE_EVENTS_PER_SECOND,
+    NODE_OUTPUT_BURST_BYTES,
+    NODE_OUTPUT_BYTES_PER_SECOND,
+    NODE_RENEWALS_PER_HOUR,
+    TokenBucket,
+)
+from nodeagent.limits import KiB, MiB
+from nodeagent.model import Event
+
+QUOTA_MARKER = "[tether: {lines} lines, {size} of output dropped: node over its output quota]"
+
+
+def _size(n: int) -> str:
+    if n >= MiB:
+        return f"{n / MiB:.1f} MiB"
+    if n >= KiB:
+        return f"{n / KiB:.1f} KiB"
+    return f"{n} B"
+
+
+def event_bytes(e: Event) -> int:
+    """What storing ``e``'s free text costs (lines, message, observed values)."""
+    return (
+        sum(len(line) for line in e.lines)
+        + len(e.message)
+        + sum(len(k) + len(v) for k, v in e.observed.items())
+    )
+
+
+def summarised(e: Event) -> Event:
+    """``e`` with its output replaced by one marker line (everything else kept)."""
+    marker = QUOTA_MARKER.format(lines=len(e.lines), size=_size(event_bytes(e)))
+    return replace(e, lines=(marker,), message=marker if e.message else "", observed={})
+
+
+@dataclass
+class NodeBuckets:
+    output: TokenBucket = field(
+        default_factory=lambda: TokenBucket(NODE_OUTPUT_BYTES_PER_SECOND, NODE_OUTPUT_BURST_BYTES)
+    )
+    events: TokenBucket = field(
+        default_factory=lambda: TokenBucket(NODE_EVENTS_PER_SECOND, NODE_EVENTS_BURST)
+    )
+    renewals: TokenBucket = field(
+        default_factory=lambda: TokenBucket(NODE_RENEWALS_PER_HOUR / 3600.0, max(1.0, NODE_RENEWALS_PER_HOUR))
+    )
+    connects: TokenBucket = field(
+        default_factory=lambda: TokenBucket(
+            NODE_CONNECTS_PER_MINUTE / 60.0, max(1.0, NODE_CONNECTS_PER_MINUTE)
+        )
+    )
+
+
+def retry_after(bucket: TokenBucket, amount: float = 1.0) -> float:
+    """Seconds until ``bucket`` holds ``amount`` again (after a refused ``take``)."""
+    return max(0.0, (amount - bucket.tokens) / bucket.rate) if bucket.rate > 0 else float("inf")
+
+
+class NodeQuotas:
+    """The buckets of every node that has used any; ``apply``/``renewal``/``connect`` charge them."""
+
+    def __init__(self) -> None:
+        self._nodes: dict[str, NodeBuckets] = {}
+
+    def buckets(self, node: str) -> NodeBuckets:
+        b = self._nodes.get(node)
+        if b is None:
+            b = self._nodes[node] = NodeBuckets()
+        return b
+
+    def apply(self, node: str, events: Sequence[Event]) -> tuple[list[Event], int]:
+        """The events to store (over-quota ones summarised) and how many were summarised."""
+        b = self.buckets(node)
+        out: list[Event] = []
+        dropped = 0
+        for e in events:
+            size = event_bytes(e)
+            within = b.events.take(1.0) and (size == 0 or b.output.take(size))
+            if within or size <= len(QUOTA_MARKER):
+                out.append(e)
+            else:
+                out.append(summarised(e))
+                dropped += 1
+        return out, dropped
+
+    def renewal(self, node: str) -> bool:
+        """One certificate renewal for ``node``, if within its rate."""
+        return self.buckets(node).renewals.take()
+
+    def connect(self, node: str) -> float:
+        """0 when ``node`` may open a stream now, else the seconds to wait."""
+        bucket = self.buckets(node).connects
+        return 0.0 if bucket.take() else retry_after(bucket)
+
+    def forget(self, node: str) -> None:
+        self._nodes.pop(node, None)
