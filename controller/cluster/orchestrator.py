@@ -8,6 +8,10 @@ Material that has expired (token TTL, the 2-hour certificate-key window) is
 refreshed by asking a control plane's agent, so nodes can join days later.
 After each join a control plane labels and taints the new node.
 
+Nothing is handed to a revoked node (releases, refresh and label tasks) and nothing from one is
+accepted. Init material is accepted once per cluster, from the init node, only while its
+``kubeadm-init`` step is running (the step record of its current plan, so with that digest).
+
 Waiters live in memory: after a controller restart agents re-send their gate
 requests on reconnect.
 """
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hmac
 import secrets
 import time
 from collections.abc import Mapping, Sequence
@@ -26,6 +31,7 @@ import yaml
 from controller import wire
 from controller.cluster import health
 from controller.cluster.context import API_PORT, INIT_STEP, JOIN_GATE, JOIN_STEP, ClusterContext, Position
+from controller.cluster.kubeconfig import KubeconfigRefused, sanitise
 from controller.cluster.material import KUBECONFIG, JoinMaterial
 from controller.cluster.scripts import label_task, refresh_task
 from controller.errors import FailedPrecondition, NotFound
@@ -101,6 +107,15 @@ class Orchestrator:
     def init_node(self, environment: str) -> str:
         raw = self._store.kv_get(_key(environment, "init-node"))
         return raw.decode() if raw else ""
+
+    def _live(self, name: str) -> NodeRecord | None:
+        """The node's record, unless it is unknown or revoked (checked before every hand-out)."""
+        rec = self._store.get_node(name)
+        return rec if rec is not None and not rec.revoked else None
+
+    def _init_running(self, node: NodeRecord) -> bool:
+        """The init node's kubeadm-init step (of its current plan) is running now."""
+        return any(s.name == INIT_STEP and s.state == "running" for s in self._store.node_steps(node.name))
 
     def peek(self, node: NodeRecord) -> ClusterContext | None:
         """The node's cluster position without choosing an init node (previews, describe):
@@ -190,6 +205,9 @@ class Orchestrator:
     async def node_revoked(self, node: NodeRecord) -> None:
         """If the chosen init node is revoked before it initialised, the next control plane is chosen."""
         env = node.environment
+        state = self._envs.get(env)
+        if state is not None:
+            state.waiters.pop(node.name, None)
         if self.init_node(env) == node.name and not self._joined(node.name):
             await self._store.kv_delete(_key(env, "init-node"))
             log.warning(
@@ -201,6 +219,9 @@ class Orchestrator:
     # -- GateKeeper ---------------------------------------------------------------------------
 
     async def gate_requested(self, node: NodeRecord, step: str, digest: str, attempt: int = 1) -> None:
+        if self._live(node.name) is None:
+            log.warning("gate request from a revoked node ignored", node=node.name, step=step)
+            return
         steps = {s.name: s for s in self._store.node_steps(node.name)}
         if step != JOIN_STEP or step not in steps or steps[step].digest != digest:
             log.warning("gate request for a step this node's plan does not gate", node=node.name, step=step)
@@ -246,41 +267,66 @@ class Orchestrator:
         command_id: str,
         outputs: Mapping[str, str] | None = None,
     ) -> bool:
-        """Join material from the init step or from the refresh task sent to this very node."""
+        """Join material from the init step (once, while it runs) or from the refresh task sent to
+        this very node. Refused material is still acknowledged, so the agent stops resending it."""
         env = node.environment
         state = self._envs.setdefault(env, _EnvState())
-        is_init = step == INIT_STEP and node.name == self.init_node(env) and not command_id
-        is_refresh = bool(command_id) and command_id == state.refresh_id and node.name == state.refresh_node
-        if not (is_init or is_refresh):
-            log.warning(
-                "secret outputs that were not asked for; dropped",
-                node=node.name,
-                step=step,
-            )
+        source = self._source(node, step, command_id, state)
+        if not source:
             return True
         try:
             material = JoinMaterial.from_outputs({**(outputs or {}), **values}, now_ms(), self.material(env))
-        except ValueError as exc:
+            kubeconfig, stripped = sanitise(values[KUBECONFIG]) if values.get(KUBECONFIG) else ("", [])
+        except (ValueError, KubeconfigRefused) as exc:
             log.error("join material refused", node=node.name, step=step, error=str(exc))
             return True  # acknowledged, so the agent stops resending it; the waiters ask again
+        if source == "init" and not await self._first_init(node):
+            log.warning("init material already accepted once; dropped", node=node.name, step=step)
+            return True
         await self._save_material(env, material)
-        if values.get(KUBECONFIG):
+        if kubeconfig:
+            if stripped:
+                log.warning("unsafe kubeconfig settings removed", node=node.name, removed=stripped)
             key = _key(env, "kubeconfig")
-            await self._store.kv_put(key, self._box.seal(values[KUBECONFIG].encode(), key))
-        if is_refresh:
+            await self._store.kv_put(key, self._box.seal(kubeconfig.encode(), key))
+        if source == "refresh":
             state.refresh_id = state.refresh_node = ""
-        log.info(
-            "join material stored",
-            environment=env,
-            source="init" if is_init else "refresh",
-            material=material,
-        )
+        log.info("join material stored", environment=env, source=source, material=material)
         self._release_waiters(env)
         return True
+
+    def _source(self, node: NodeRecord, step: str, command_id: str, state: _EnvState) -> str:
+        """ "init", "refresh", or "" (with a log line) when this material was not asked for."""
+        if self._live(node.name) is None:
+            log.warning("secret outputs from a revoked node; dropped", node=node.name, step=step)
+            return ""
+        if command_id:
+            asked = bool(state.refresh_id) and hmac.compare_digest(
+                command_id.encode(), state.refresh_id.encode()
+            )
+            if asked and node.name == state.refresh_node:
+                return "refresh"
+        elif step == INIT_STEP and node.name == self.init_node(node.environment):
+            if self._init_running(node):
+                return "init"
+            log.warning("init material while kubeadm-init is not running; dropped", node=node.name)
+            return ""
+        log.warning("secret outputs that were not asked for; dropped", node=node.name, step=step)
+        return ""
+
+    async def _first_init(self, node: NodeRecord) -> bool:
+        """Mark the cluster's init material as accepted; False when it already was."""
+        steps = {s.name: s for s in self._store.node_steps(node.name)}
+        # A fresh nonce: a resend of the same material (its ack was lost) does not match the mark.
+        mark = f"{node.name}:{steps[INIT_STEP].digest}:{secrets.token_hex(8)}".encode()
+        return await self._store.kv_put_if_absent(_key(node.environment, "init-material"), mark) == mark
 
     def _release(
         self, node: str, step: str, digest: str, material: JoinMaterial, control_plane: bool
     ) -> None:
+        if self._live(node) is None:
+            log.warning("no release for a revoked node", node=node)
+            return
         secret_env, env = material.release_env(control_plane)
         if self._hub.send(
             node,
@@ -351,7 +397,7 @@ class Orchestrator:
         others = sorted(n.name for n in self._store.list_nodes(env) if n.role == Role.CONTROL_PLANE.value)
         candidates = [init, *(n for n in others if n != init)]
         for name in candidates:
-            if name and self._hub.connected(name) and self._joined(name):
+            if name and self._hub.connected(name) and self._joined(name) and self._live(name):
                 return name
         return None
 
@@ -366,6 +412,8 @@ class Orchestrator:
     async def on_connect(self, node: NodeRecord) -> None:
         """A node (re)connected: a control plane can now do pending refreshes and labelling."""
         if self.cluster_spec(node.environment) is None or node.role != Role.CONTROL_PLANE.value:
+            return
+        if self._live(node.name) is None:
             return
         state = self._envs.get(node.environment)
         if state is not None and state.waiters and self.material(node.environment) is not None:

