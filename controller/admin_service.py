@@ -9,10 +9,10 @@ from typing import Any
 from controller import tokens, wire
 from controller.agent_service import AgentService
 from controller.app import App
+from controller.documents import DocumentParser
 from controller.errors import FailedPrecondition, InvalidArgument, NotFound
 from controller.nodestate import node_state
 from controller.rpc import stream, unary
-from controller.spec import load_document
 from controller.store.records import NodeRecord
 from nodeagent import logs
 from nodeagent.model import Event, HostFacts, Role, facts_from_dict, health_from_dict, now_ms
@@ -25,6 +25,7 @@ class AdminService(wire.AdminServiceServicer):
     def __init__(self, app: App, agents: AgentService) -> None:
         self.app = app
         self.agents = agents
+        self.documents = DocumentParser(app.config.max_document_bytes)
 
     def _caller(self, context: Any, *, write: bool) -> str:
         principal = self.app.auth.principal(context)
@@ -38,7 +39,7 @@ class AdminService(wire.AdminServiceServicer):
         self, request: wire.admin.ApplyEnvironmentRequest, context: Any
     ) -> wire.admin.ApplyEnvironmentResponse:
         who = self._caller(context, write=not request.dry_run)
-        loaded = load_document(request.document)  # raises with every problem
+        loaded = await self.documents.parse(request.document)  # raises with every problem
         name = loaded.spec.name
         app = self.app
         if request.dry_run:
@@ -56,6 +57,7 @@ class AdminService(wire.AdminServiceServicer):
         record, changed = await app.store.put_environment(
             name, request.document, loaded.api_version, loaded.normalized
         )
+        app.planner.remember(record, loaded)  # plans render without parsing it again
         log.info(
             "environment applied", environment=name, generation=record.generation, changed=changed, by=who
         )
@@ -307,7 +309,7 @@ class AdminService(wire.AdminServiceServicer):
             )
         else:
             raise InvalidArgument("FollowEvents needs a node or an environment")
-        queue = app.hub.follow([key])
+        follower = app.hub.follow([key])
         try:
             last: dict[str, int] = {}
             for name in nodes:
@@ -316,18 +318,18 @@ class AdminService(wire.AdminServiceServicer):
                     last[name] = e.seq
                     yield wire.event_to_pb(e)
             while True:
-                e = await queue.get()
+                e = await follower.get()  # raises FellBehind once it is cut off
                 seen = last.get(e.node, 0)
                 if e.seq <= seen:
                     continue
                 if e.seq > seen + 1:
-                    # A gap: the follower fell behind (its queue is bounded); the store has them all.
+                    # A gap (events stored before this call followed): the store has them all.
                     for missed in self._stored(e.node, seen, until=e.seq):
                         yield wire.event_to_pb(missed)
                 last[e.node] = e.seq
                 yield wire.event_to_pb(e)
         finally:
-            app.hub.unfollow(queue)
+            app.hub.unfollow(follower)
 
     def _stored(self, node: str, after: int, until: int = 0) -> Iterator[Event]:
         """A node's stored events after ``after`` (and before ``until``), page by page."""

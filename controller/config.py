@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from nodeagent.limits import MAX_DOCUMENT_BYTES
+
 
 @dataclass(frozen=True)
 class ControllerConfig:
@@ -17,3 +19,5 @@ class ControllerConfig:
     log_level: str = "info"
     # A node that has not streamed for this long counts as offline even if a stream looks open.
     offline_after_seconds: float = 90.0
+    # An environment document larger than this is refused (the receive limit follows it).
+    max_document_bytes: int = MAX_DOCUMENT_BYTES

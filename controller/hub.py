@@ -9,6 +9,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from controller.follower import Follower
+from controller.limits import FOLLOWER_QUEUE_BYTES
+from controller.refusals import REFUSALS
 from nodeagent.model import Event, Health
 
 
@@ -53,7 +56,7 @@ class Session:
 class Hub:
     def __init__(self) -> None:
         self._sessions: dict[str, Session] = {}
-        self._followers: dict[str, set[asyncio.Queue[Event]]] = defaultdict(set)
+        self._followers: dict[str, set[Follower]] = defaultdict(set)
 
     # -- sessions -----------------------------------------------------------------------------
 
@@ -91,25 +94,33 @@ class Hub:
 
     # -- followers ----------------------------------------------------------------------------
 
-    def follow(self, keys: Iterable[str]) -> asyncio.Queue[Event]:
-        q: asyncio.Queue[Event] = asyncio.Queue(maxsize=100_000)
+    def follow(self, keys: Iterable[str], limit_bytes: int = FOLLOWER_QUEUE_BYTES) -> Follower:
+        """A queue of the live events of ``keys`` (``node:NAME``, ``env:NAME``), bounded in bytes."""
+        follower = Follower(limit_bytes)
         for k in keys:
-            self._followers[k].add(q)
-        return q
+            self._followers[k].add(follower)
+        return follower
 
-    def unfollow(self, q: asyncio.Queue[Event]) -> None:
+    def unfollow(self, follower: Follower) -> None:
         for key in list(self._followers):
-            self._followers[key].discard(q)
+            self._followers[key].discard(follower)
             if not self._followers[key]:
                 del self._followers[key]
 
     def publish(self, node: str, environment: str, events: Iterable[Event]) -> None:
         if not self._followers:
             return
-        queues = self._followers.get(f"node:{node}", set()) | self._followers.get(f"env:{environment}", set())
-        if not queues:
+        followers = self._followers.get(f"node:{node}", set()) | self._followers.get(
+            f"env:{environment}", set()
+        )
+        if not followers:
             return
         for e in events:
-            for q in queues:
-                if not q.full():
-                    q.put_nowait(e)
+            for f in followers:
+                f.put(e)
+        for f in followers:
+            if f.cut_off is not None:
+                self.unfollow(f)  # it gets nothing more; its call ends with the reason
+                REFUSALS.refused(
+                    "follower cut off", node=node, environment=environment, reason=str(f.cut_off)
+                )

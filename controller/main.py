@@ -1,6 +1,7 @@
 """``tether-controller``: run the controller.
 
 tether-controller serve [--listen HOST:PORT] [--data-dir DIR] [--advertise HOST:PORT] [--san NAME ...]
+                        [--max-document-bytes N]
 tether-controller admin issue --name NAME [--role admin|read-only] [--days N] --out FILE
 tether-controller admin list | revoke (--name NAME | --fingerprint PREFIX)
 """
@@ -15,9 +16,20 @@ from typing import TYPE_CHECKING
 
 from controller.config import ControllerConfig
 from nodeagent import logs
+from nodeagent.limits import MAX_DOCUMENT_BYTES
 
 if TYPE_CHECKING:
     from controller.admins import AdminRegistry
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of bytes") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be more than 0")
+    return value
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -39,6 +51,12 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--san", action="append", default=[], help="extra name or IP for the serving certificate")
     s.add_argument("--heartbeat-seconds", type=int, default=30, help="agents' health report interval")
     s.add_argument("--node-cert-days", type=float, default=30.0, help="lifetime of node certificates")
+    s.add_argument(
+        "--max-document-bytes",
+        type=_positive,
+        default=MAX_DOCUMENT_BYTES,
+        help="largest environment document accepted (the message size limit follows it)",
+    )
     s.add_argument("--log-level", default="info")
     admin = sub.add_parser("admin", help="admin credentials").add_subparsers(dest="verb", required=True)
     issue = admin.add_parser("issue", help="write an admin config for another operator or a platform client")
@@ -125,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         heartbeat_seconds=args.heartbeat_seconds,
         node_cert_days=args.node_cert_days,
         log_level=args.log_level,
+        max_document_bytes=args.max_document_bytes,
     )
 
     def ready(address: str) -> None:
@@ -133,12 +152,14 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
 
+    from controller.errors import ControllerError
+
     try:
         from controller.server import serve
 
         _install_uvloop()
         asyncio.run(serve(config, on_ready=ready))
-    except OSError as exc:
+    except (OSError, ControllerError) as exc:  # start-up problems: one line, not a traceback
         print(f"tether-controller: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -1,7 +1,8 @@
 """Turns a node (environment, role, facts) into its plan, with caching.
 
 Rendering is pure and depends only on ``NodeContext``; fleets of identical
-nodes share one rendered plan.
+nodes share one rendered plan. The cache is keyed by environment, generation and context (facts
+a node chooses among them), so it is bounded: the ``PLAN_CACHE_ENTRIES`` most recently used.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from collections import OrderedDict
 from dataclasses import replace
 
 from controller.cluster.context import ClusterContext
+from controller.limits import PLAN_CACHE_ENTRIES
 from controller.render import NodeContext, render
 from controller.spec import LoadedSpec, load_document
 from controller.store import EnvironmentRecord, Store
@@ -24,20 +26,23 @@ def stable_facts(facts: HostFacts) -> HostFacts:
 
 
 class Planner:
-    def __init__(self, store: Store, cache_size: int = 4096) -> None:
+    def __init__(self, store: Store, cache_size: int = PLAN_CACHE_ENTRIES) -> None:
         self._store = store
         self._specs: dict[tuple[str, int], LoadedSpec] = {}
         self._plans: OrderedDict[tuple[object, ...], Plan] = OrderedDict()
         self._cache_size = cache_size
 
     def spec(self, env: EnvironmentRecord) -> LoadedSpec:
-        key = (env.name, env.generation)
-        loaded = self._specs.get(key)
+        loaded = self._specs.get((env.name, env.generation))
         if loaded is None:
             loaded = load_document(env.document)
-            self._specs = {k: v for k, v in self._specs.items() if k[0] != env.name}
-            self._specs[key] = loaded
+            self.remember(env, loaded)
         return loaded
+
+    def remember(self, env: EnvironmentRecord, loaded: LoadedSpec) -> None:
+        """Keep ``loaded`` (parsed from ``env.document``) as the environment's current spec."""
+        self._specs = {k: v for k, v in self._specs.items() if k[0] != env.name}
+        self._specs[(env.name, env.generation)] = loaded
 
     def plan(
         self, environment: str, role: str, facts: HostFacts, cluster: ClusterContext | None = None
@@ -48,10 +53,12 @@ class Planner:
         ctx = NodeContext(role=role, facts=stable_facts(facts), cluster=cluster)
         key = (env.name, env.generation, ctx)
         plan = self._plans.get(key)
-        if plan is None:
+        if plan is not None:
+            self._plans.move_to_end(key)
+        else:
             rendered = render(self.spec(env).spec, ctx)
             plan = Plan.build(rendered.steps, generation=env.generation, environment=env.name, role=role)
             self._plans[key] = plan
-            if len(self._plans) > self._cache_size:
+            while len(self._plans) > self._cache_size:
                 self._plans.popitem(last=False)
         return plan

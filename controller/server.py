@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import shutil
 import signal
 import socket
 from collections.abc import Callable
@@ -23,11 +24,13 @@ from controller.auth import Authenticator
 from controller.ca import CertificateAuthority
 from controller.cluster.orchestrator import Orchestrator
 from controller.config import ControllerConfig
+from controller.guard import Guard
 from controller.hub import Hub
+from controller.listen import ListenError, preflight
 from controller.planner import Planner
 from controller.secretbox import SecretBox
 from controller.store import SqliteStore
-from controller.transport import SERVER_OPTIONS
+from controller.transport import server_options
 from nodeagent import anonymous, logs
 from nodeagent.facts import local_addresses
 from nodeagent.identity import split_address
@@ -61,10 +64,11 @@ class Controller:
 
     async def start(self) -> App:
         config = self.config
+        host, _ = preflight(config.listen)  # before anything exists on disk
+        created = not config.data_dir.exists()
         config.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         ca = CertificateAuthority.load_or_create(config.data_dir / "pki")
         store = SqliteStore(config.data_dir / "tether.db")
-        host, _ = split_address(config.listen)
         hosts = [host, *config.extra_sans]
         advertise_host = host
         if host in WILDCARDS:
@@ -79,11 +83,13 @@ class Controller:
             root_certificates=ca.cert_pem + anonymous.CERT_PEM,
             require_client_auth=True,
         )
-        server = grpc.aio.server(options=SERVER_OPTIONS)
+        server = grpc.aio.server(options=server_options(config.max_document_bytes), interceptors=[Guard()])
         bound = server.add_secure_port(config.listen, creds)
-        if bound == 0:
+        if bound == 0:  # taken between the pre-flight and now
             await store.close()
-            raise OSError(f"cannot listen on {config.listen}")
+            if created:
+                shutil.rmtree(config.data_dir, ignore_errors=True)
+            raise ListenError(f"cannot listen on {config.listen}")
         self.address = _join_host(host, bound)
         advertise = config.advertise or _join_host(advertise_host, bound)
         hub = Hub()

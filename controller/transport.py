@@ -3,13 +3,33 @@ importing the rest of the controller)."""
 
 from __future__ import annotations
 
-SERVER_OPTIONS: list[tuple[str, int]] = [
+from nodeagent.limits import ENVELOPE_BYTES, EVENT_BATCH_BYTES, MAX_DOCUMENT_BYTES, MAX_SEND_BYTES
+
+_BASE_OPTIONS: list[tuple[str, int]] = [
     ("grpc.so_reuseport", 0),  # a second controller on the same port must fail, not share it
     ("grpc.keepalive_time_ms", 60_000),
     ("grpc.keepalive_timeout_ms", 20_000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
     ("grpc.http2.max_ping_strikes", 0),
-    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
-    ("grpc.max_send_message_length", 64 * 1024 * 1024),
 ]
+
+
+def receive_bytes(max_document_bytes: int = MAX_DOCUMENT_BYTES) -> int:
+    """The largest message the controller accepts: the largest legitimate payload plus its envelope.
+
+    With the default document limit this is ``nodeagent.limits.MAX_RECEIVE_BYTES``.
+    """
+    return max(max_document_bytes, EVENT_BATCH_BYTES) + ENVELOPE_BYTES
+
+
+def server_options(max_document_bytes: int = MAX_DOCUMENT_BYTES) -> list[tuple[str, int]]:
+    """Options for a controller whose environment documents may be ``max_document_bytes`` long."""
+    return [
+        *_BASE_OPTIONS,
+        ("grpc.max_receive_message_length", receive_bytes(max_document_bytes)),
+        ("grpc.max_send_message_length", MAX_SEND_BYTES),
+    ]
+
+
+SERVER_OPTIONS = server_options()

@@ -1,10 +1,11 @@
-"""gRPC channels to the controller: mutual TLS, pinned CA, keepalive."""
+"""gRPC channels to the controller: mutual TLS, pinned CA, keepalive, the shared message limits."""
 
 from __future__ import annotations
 
 import grpc
 
 from nodeagent.identity import CONTROLLER_SERVER_NAME
+from nodeagent.limits import client_options
 
 KEEPALIVE_OPTIONS: list[tuple[str, int | str]] = [
     ("grpc.keepalive_time_ms", 30_000),
@@ -23,5 +24,9 @@ def secure_channel(address: str, ca_pem: bytes, key_pem: bytes, cert_pem: bytes)
     creds = grpc.ssl_channel_credentials(
         root_certificates=ca_pem, private_key=key_pem, certificate_chain=cert_pem
     )
-    options = [*KEEPALIVE_OPTIONS, ("grpc.ssl_target_name_override", CONTROLLER_SERVER_NAME)]
+    options = [
+        *KEEPALIVE_OPTIONS,
+        *client_options(),  # it can receive whatever the controller may send
+        ("grpc.ssl_target_name_override", CONTROLLER_SERVER_NAME),
+    ]
     return grpc.aio.secure_channel(address, creds, options=options)

@@ -19,7 +19,7 @@ from bootstrap.install import Result
 from bootstrap.registry import JoinToken, NodeView
 from controller import wire
 from controller.adminconf import AdminConfig
-from nodeagent.identity import CONTROLLER_SERVER_NAME
+from controller.cli.client import channel_options
 from nodeagent.model import EventKind
 from nodeagent.secrets import Secret
 
@@ -28,9 +28,7 @@ TIMEOUT = 30.0
 
 def aio_channel(conf: AdminConfig) -> grpc.aio.Channel:
     creds = grpc.ssl_channel_credentials(conf.ca_pem, conf.key_pem, conf.cert_pem)
-    return grpc.aio.secure_channel(
-        conf.controller, creds, options=[("grpc.ssl_target_name_override", CONTROLLER_SERVER_NAME)]
-    )
+    return grpc.aio.secure_channel(conf.controller, creds, options=channel_options())
 
 
 def _refused(exc: grpc.aio.AioRpcError, what: str) -> ControllerError:

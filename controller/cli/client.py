@@ -10,6 +10,7 @@ import grpc
 from controller import wire
 from controller.adminconf import AdminConfig
 from nodeagent.identity import CONTROLLER_SERVER_NAME
+from nodeagent.limits import client_options
 
 DEFAULT_CONFIG = Path.home() / ".config" / "tether" / "admin.conf"
 
@@ -31,6 +32,11 @@ def config_path(flag: str | None) -> Path:
     return DEFAULT_CONFIG
 
 
+def channel_options() -> list[tuple[str, int | str]]:
+    """tetherctl's channel options: the shared message limits, the controller's certificate name."""
+    return [*client_options(), ("grpc.ssl_target_name_override", CONTROLLER_SERVER_NAME)]
+
+
 def connect(flag: str | None) -> tuple[wire.AdminServiceStub, AdminConfig, grpc.Channel]:
     path = config_path(flag)
     try:
@@ -38,9 +44,7 @@ def connect(flag: str | None) -> tuple[wire.AdminServiceStub, AdminConfig, grpc.
     except Exception as exc:
         raise CliError(f"{exc} (use --config or TETHER_CONFIG)") from None
     creds = grpc.ssl_channel_credentials(conf.ca_pem, conf.key_pem, conf.cert_pem)
-    channel = grpc.secure_channel(
-        conf.controller, creds, options=[("grpc.ssl_target_name_override", CONTROLLER_SERVER_NAME)]
-    )
+    channel = grpc.secure_channel(conf.controller, creds, options=channel_options())
     return wire.AdminServiceStub(channel), conf, channel
 
 

@@ -13,6 +13,8 @@ import grpc
 from controller import tokens, wire
 from controller.cli.client import CliError, connect, explain
 from controller.cli.output import ago, emit, table, to_dict, when
+from controller.documents import check_size
+from controller.errors import InvalidArgument
 from controller.render import NodeContext, render
 from controller.render.targets import facts_for
 from controller.spec import SpecError, inline_local_files, load_document
@@ -45,6 +47,14 @@ class _Session:
 # -- environments ------------------------------------------------------------------------------
 
 
+def _check_size(document: str, args: argparse.Namespace) -> None:
+    """The controller's size check, here with the same number: one line, before anything is sent."""
+    try:
+        check_size(document, args.max_document_bytes)
+    except InvalidArgument as exc:
+        raise CliError(str(exc)) from None
+
+
 def env_apply(args: argparse.Namespace) -> int:
     base_dir = Path.cwd() if args.file == "-" else Path(args.file).parent
     try:
@@ -53,6 +63,7 @@ def env_apply(args: argparse.Namespace) -> int:
         for problem in exc.problems:
             print(problem, file=sys.stderr)
         return 1
+    _check_size(document, args)
     s = _Session(args)
     try:
         reply = s.stub.ApplyEnvironment(
@@ -108,7 +119,9 @@ def env_delete(args: argparse.Namespace) -> int:
 def env_validate(args: argparse.Namespace) -> int:
     base_dir = Path.cwd() if args.file == "-" else Path(args.file).parent
     try:
-        loaded = load_document(inline_local_files(_read(args.file), base_dir))
+        document = inline_local_files(_read(args.file), base_dir)
+        _check_size(document, args)
+        loaded = load_document(document)
     except SpecError as exc:
         for problem in exc.problems:
             print(problem)

@@ -22,6 +22,7 @@ import grpc
 
 from controller.cli import bootstrap_cmd, cluster_cmd, commands
 from controller.cli.client import CliError, explain
+from nodeagent.limits import MAX_DOCUMENT_BYTES
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -38,10 +39,19 @@ def _parser() -> argparse.ArgumentParser:
     def out_flag(sp: argparse.ArgumentParser, choices: tuple[str, ...] = ("table", "json", "yaml")) -> None:
         sp.add_argument("-o", "--output", choices=choices, default=choices[0])
 
+    def document_limit(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument(
+            "--max-document-bytes",
+            type=int,
+            default=MAX_DOCUMENT_BYTES,
+            help="refuse a larger document (match the controller's --max-document-bytes)",
+        )
+
     env = sub.add_parser("env", help="environments").add_subparsers(dest="verb", required=True)
     a = env.add_parser("apply", help="create or update an environment from a YAML file")
     a.add_argument("-f", "--file", required=True, help="Environment YAML ('-' for stdin)")
     a.add_argument("--dry-run", action="store_true", help="validate on the controller, store nothing")
+    document_limit(a)
     a.set_defaults(func=commands.env_apply)
     g = env.add_parser("get", help="show one environment")
     g.add_argument("name")
@@ -56,6 +66,7 @@ def _parser() -> argparse.ArgumentParser:
     d.set_defaults(func=commands.env_delete)
     v = env.add_parser("validate", help="check an Environment file offline (no controller needed)")
     v.add_argument("-f", "--file", required=True)
+    document_limit(v)
     v.set_defaults(func=commands.env_validate, offline=True)
     r = env.add_parser("render", help="print the plan a node would get, offline")
     r.add_argument("-f", "--file", required=True)

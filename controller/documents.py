@@ -1,0 +1,46 @@
+"""Environment documents as the controller takes them: the size first, then parsed off the event loop.
+
+``check_size`` is the one size check (the controller's ApplyEnvironment and tetherctl's
+``env validate`` / ``env apply`` call it with the same number); ``DocumentParser`` parses in a
+worker thread, a few at a time, so that a large document never stalls other calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from controller.errors import InvalidArgument
+from controller.limits import DOCUMENT_PARSES
+from controller.spec import LoadedSpec, load_document
+from nodeagent.limits import MAX_DOCUMENT_BYTES, KiB, MiB
+
+
+def _size_text(size: int) -> str:
+    if size >= MiB:
+        return f"{size / MiB:.1f} MiB"
+    if size >= KiB:
+        return f"{size / KiB:.1f} KiB"
+    return f"{size} bytes"
+
+
+def check_size(document: str, limit: int = MAX_DOCUMENT_BYTES) -> None:
+    """Raise ``InvalidArgument`` (one line: the size and the limit) for a document over ``limit``."""
+    size = len(document.encode())
+    if size > limit:
+        raise InvalidArgument(
+            f"environment document is {_size_text(size)} ({size} bytes), over the limit of "
+            f"{_size_text(limit)} ({limit} bytes)"
+        )
+
+
+class DocumentParser:
+    """``await parse(document)``: size-checked, then ``load_document`` in a worker thread."""
+
+    def __init__(self, limit: int = MAX_DOCUMENT_BYTES, at_once: int = DOCUMENT_PARSES) -> None:
+        self.limit = limit
+        self._slots = asyncio.Semaphore(at_once)
+
+    async def parse(self, document: str) -> LoadedSpec:
+        check_size(document, self.limit)
+        async with self._slots:
+            return await asyncio.to_thread(load_document, document)
