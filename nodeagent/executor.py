@@ -139,6 +139,9 @@ class Executor:
     # -- the loop -----------------------------------------------------------------------------
 
     async def run_forever(self) -> None:
+        removed = self.runner.remove_leftover_workdirs()
+        if removed:
+            log.info("removed work directories left by an earlier run of this agent", count=removed)
         while True:
             self._wake.clear()
             plan = self._plan

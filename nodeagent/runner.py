@@ -12,12 +12,20 @@ period). Steps talk back through two files named in their environment:
   (e.g. the API endpoint beside the join token);
 - ``$TETHER_WORKDIR/no-reboot``: a step flagged ``reboot`` creates it when the reboot turned
   out to be unnecessary (the pinned kernel is already running).
+
+A script is written once per digest (fsync'd with its directory) and read back before every
+run: a file that does not hold the step's script (cut short by a power loss) is written again,
+and a step whose script cannot be made right fails, never "succeeds" with an empty file. Each
+run's work directory (tmpfs) is removed when the run ends, however it ends; one left by a killed
+agent is removed when the next one starts (the names carry the agent's own mark, so two agents on
+one host never remove each other's).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import os
 import re
 import shutil
@@ -28,21 +36,22 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from nodeagent.limits import MAX_LINE_BYTES
 from nodeagent.model import Step
-from nodeagent.secrets import Redactor
+from nodeagent.secrets import LineRedactor, Redactor
 
 OutputSink = Callable[[list[str]], Awaitable[None]]
 
-MAX_LINE = 8192
+MAX_LINE = MAX_LINE_BYTES  # characters of one output line kept; the rest is cut, and it says so
+# How much of an over-long line is read before it is cut: the matching behind the redaction sees
+# far past the cut, so a secret that starts before the cut is masked whole.
+LINE_WINDOW_BYTES = 8 * MAX_LINE
+READ_CHUNK_BYTES = 64 * 1024
 KILL_GRACE_SECONDS = 5.0
 TIMEOUT_EXIT_CODE = 124
-# Secret shapes masked even before the agent knows the value (kubeadm prints its own token).
-SECRET_PATTERNS = re.compile(
-    r"\b[a-z0-9]{6}\.[a-z0-9]{16}\b"  # kubeadm bootstrap token
-    r"|(?<=--certificate-key )[a-f0-9]{64}\b"  # kubeadm certificate key
-    r"|\b[a-z0-9]{6}\.[a-z0-9]{32}\b"  # tether join token
-)
-_KV_RE = re.compile(r"^([A-Za-z0-9_.\-/]+)=(.*)$")
+BAD_SCRIPT_EXIT_CODE = 126
+WORKDIR_PREFIX = "tether-step-"
+_KV_RE = re.compile(r"([A-Za-z0-9_.\-/]+)=(.*)")
 
 
 @dataclass(frozen=True)
@@ -70,8 +79,8 @@ def runtime_dir() -> Path:
 
 
 def redact_line(line: str, redactor: Redactor) -> str:
-    line = redactor.redact(line)
-    return SECRET_PATTERNS.sub("[REDACTED]", line)
+    """``line`` with every secret the redactor knows, and every secret shape, masked."""
+    return redactor.redact(line)
 
 
 def _read_kv(path: Path) -> dict[str, str]:
@@ -79,7 +88,7 @@ def _read_kv(path: Path) -> dict[str, str]:
     if not path.exists():
         return out
     for raw in path.read_text(errors="replace").splitlines():
-        m = _KV_RE.match(raw.strip())
+        m = _KV_RE.fullmatch(raw.strip())
         if m:
             out[m.group(1)] = m.group(2)
     return out
@@ -110,6 +119,10 @@ def kill_leftovers(script: Path) -> int:
     return killed
 
 
+class ScriptMismatch(Exception):
+    """The script file does not hold the step's script, even after writing it again."""
+
+
 class Runner:
     def __init__(
         self,
@@ -131,19 +144,42 @@ class Runner:
         self.batch_interval = batch_interval
         self.batch_lines = batch_lines
         self.current_pgid = 0
+        # This agent's mark on its work directories: its own scripts directory, so two agents on
+        # one host (two state directories) never take each other's for leftovers.
+        mark = hashlib.sha256(str(scripts_dir.absolute()).encode()).hexdigest()[:12]
+        self.workdir_prefix = f"{WORKDIR_PREFIX}{mark}-"
 
     def script_path(self, step: Step) -> Path:
         return self.scripts_dir / f"{step.digest or step.compute_digest()}.sh"
 
     def _write_script(self, step: Step) -> Path:
+        """The step's script on disk, checked byte for byte (written, and fsync'd, when needed)."""
         path = self.script_path(step)
-        if not path.exists():
-            self.scripts_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(step.script)
-            tmp.chmod(0o700)
-            tmp.replace(path)
+        want = step.script.encode()
+        if _read_or_none(path) == want:
+            return path
+        self.scripts_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        tmp = path.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o700)
+        try:
+            os.write(fd, want)
+            os.fchmod(fd, 0o700)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        tmp.replace(path)
+        _fsync_dir(self.scripts_dir)
+        if _read_or_none(path) != want:
+            raise ScriptMismatch(f"{path} does not hold the step's script even after writing it again")
         return path
+
+    def remove_leftover_workdirs(self) -> int:
+        """Remove the work directories of this agent's earlier runs (an agent that was killed)."""
+        removed = 0
+        for leftover in runtime_dir().glob(f"{self.workdir_prefix}*"):
+            shutil.rmtree(leftover, ignore_errors=True)
+            removed += 1
+        return removed
 
     async def run(
         self,
@@ -160,17 +196,36 @@ class Runner:
         With ``final_output``, the lines still buffered when the step ends go there instead
         (not when the run is cancelled), so a caller can record them together with the result.
         """
-        script = self._write_script(step)
-        work = _make_workdir()
-        provenance, secrets_out, outputs_out = work / "provenance", work / "secrets", work / "outputs"
-        env = {**self.base_env, **step.env, **(extra_env or {}), **(secret_env or {})}
-        env.update(
-            TETHER_STEP=step.name,
-            TETHER_PROVENANCE=str(provenance),
-            TETHER_SECRETS_OUT=str(secrets_out),
-            TETHER_OUTPUTS=str(outputs_out),
-            TETHER_WORKDIR=str(work),
-        )
+        try:
+            script = self._write_script(step)
+        except (OSError, ScriptMismatch) as exc:
+            return StepResult(
+                exit_code=BAD_SCRIPT_EXIT_CODE, duration_seconds=0.0, error=f"cannot write the script: {exc}"
+            )
+        work = Path(tempfile.mkdtemp(prefix=self.workdir_prefix, dir=runtime_dir()))  # mode 0700
+        try:
+            env = {**self.base_env, **step.env, **(extra_env or {}), **(secret_env or {})}
+            env.update(
+                TETHER_STEP=step.name,
+                TETHER_PROVENANCE=str(work / "provenance"),
+                TETHER_SECRETS_OUT=str(work / "secrets"),
+                TETHER_OUTPUTS=str(work / "outputs"),
+                TETHER_WORKDIR=str(work),
+            )
+            return await self._run_in(step, script, work, env, on_output, on_start, final_output)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+
+    async def _run_in(
+        self,
+        step: Step,
+        script: Path,
+        work: Path,
+        env: Mapping[str, str],
+        on_output: OutputSink,
+        on_start: Callable[[int], None] | None,
+        final_output: OutputSink | None,
+    ) -> StepResult:
         started = time.monotonic()
         try:
             proc = await asyncio.create_subprocess_exec(
@@ -180,62 +235,70 @@ class Runner:
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.STDOUT,
                 cwd=str(self._cwd(work)),
-                env=env,
+                env=dict(env),
                 start_new_session=True,
                 limit=1 << 20,
             )
         except OSError as exc:
-            shutil.rmtree(work, ignore_errors=True)
             return StepResult(exit_code=127, duration_seconds=0.0, error=f"cannot start {self.shell}: {exc}")
         self.current_pgid = proc.pid
-        if on_start is not None:
-            on_start(proc.pid)
-        pump = _OutputPump(self, on_output)
+        try:
+            if on_start is not None:
+                on_start(proc.pid)
+            timed_out = await self._supervise(proc, step, _OutputPump(self, on_output), final_output)
+        finally:
+            self.current_pgid = 0
+        return self._result(step, proc, work, timed_out, time.monotonic() - started)
+
+    async def _supervise(
+        self,
+        proc: asyncio.subprocess.Process,
+        step: Step,
+        pump: _OutputPump,
+        final_output: OutputSink | None,
+    ) -> bool:
+        """Wait for the step (its timeout) while its output is pumped; True when it timed out."""
         reader = asyncio.create_task(pump.read(proc.stdout))
         flusher = asyncio.create_task(pump.flush_periodically())
         timed_out = cancelled = False
         try:
-            timeout = step.timeout_seconds or None
             try:
-                await asyncio.wait_for(proc.wait(), timeout)
+                await asyncio.wait_for(proc.wait(), step.timeout_seconds or None)
             except asyncio.TimeoutError:
                 timed_out = True
                 await self._terminate(proc)
             # Output may still be in the pipe; background children may hold it open forever.
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(asyncio.shield(reader), 2.0)
-        except asyncio.CancelledError:
+        except BaseException:
             cancelled = True
             await self._terminate(proc)
             raise
         finally:
-            reader.cancel()
-            flusher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reader
-            with contextlib.suppress(asyncio.CancelledError):
-                await flusher
+            for task in (reader, flusher):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             await pump.flush(final_output if final_output is not None and not cancelled else None)
-            self.current_pgid = 0
-            observed = _read_kv(provenance)
-            secrets = _read_kv(secrets_out)
-            outputs = _read_kv(outputs_out)
-            reboot_needed = not (work / "no-reboot").exists()
-            shutil.rmtree(work, ignore_errors=True)
+        return timed_out
+
+    def _result(
+        self, step: Step, proc: asyncio.subprocess.Process, work: Path, timed_out: bool, duration: float
+    ) -> StepResult:
+        observed = _read_kv(work / "provenance")
+        secrets = _read_kv(work / "secrets")
         if secrets:
             self.redactor.add(*secrets.values())
-        duration = time.monotonic() - started
         code = TIMEOUT_EXIT_CODE if timed_out else (proc.returncode if proc.returncode is not None else -1)
-        error = f"timed out after {step.timeout_seconds}s" if timed_out else ""
         return StepResult(
             exit_code=code,
             duration_seconds=duration,
             timed_out=timed_out,
             observed={k: redact_line(v, self.redactor) for k, v in observed.items()},
             secrets=secrets,
-            outputs=outputs,
-            error=error,
-            reboot_needed=reboot_needed,
+            outputs=_read_kv(work / "outputs"),
+            error=f"timed out after {step.timeout_seconds}s" if timed_out else "",
+            reboot_needed=not (work / "no-reboot").exists(),
         )
 
     def _cwd(self, fallback: Path) -> Path:
@@ -254,30 +317,47 @@ class Runner:
 
 
 class _OutputPump:
-    """Collects lines and hands them on in batches (by count or by time)."""
+    """Splits the output into lines, redacts each, hands them on in batches (by count or by time).
+
+    A line is redacted before it is cut: a line longer than ``MAX_LINE`` is read up to
+    ``LINE_WINDOW_BYTES``, masked as a whole, then cut (saying so); the rest of it is dropped.
+    """
 
     def __init__(self, runner: Runner, sink: OutputSink) -> None:
         self._runner = runner
         self._sink = sink
+        self._redact = LineRedactor(runner.redactor)
         self._buf: list[str] = []
         self._lock = asyncio.Lock()
 
     async def read(self, stream: asyncio.StreamReader | None) -> None:
         if stream is None:
             return
-        while True:
-            try:
-                raw = await stream.readline()
-            except ValueError:  # a line over the limit: take what is there
-                raw = await stream.read(1 << 20)
-            if not raw:
-                return
-            line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
-            if len(line) > MAX_LINE:
-                line = line[:MAX_LINE] + " [line truncated]"
-            self._buf.append(redact_line(line, self._runner.redactor))
-            if len(self._buf) >= self._runner.batch_lines:
-                await self.flush()
+        pending = bytearray()
+        skipping = False  # dropping the rest of a line that was cut
+        while chunk := await stream.read(READ_CHUNK_BYTES):
+            pending += chunk
+            while (nl := pending.find(b"\n")) >= 0:
+                line = bytes(pending[:nl])
+                del pending[: nl + 1]
+                if not skipping:
+                    await self._line(line)
+                skipping = False
+            if skipping:
+                pending.clear()
+            elif len(pending) > LINE_WINDOW_BYTES:
+                await self._line(bytes(pending), cut=True)
+                pending.clear()
+                skipping = True
+        if pending and not skipping:
+            await self._line(bytes(pending))
+
+    async def _line(self, raw: bytes, cut: bool = False) -> None:
+        text = raw.decode("utf-8", errors="replace").rstrip("\r")
+        line, longer = self._redact.redact(text, MAX_LINE)
+        self._buf.append(line + " [line truncated]" if longer or cut else line)
+        if len(self._buf) >= self._runner.batch_lines:
+            await self.flush()
 
     async def flush_periodically(self) -> None:
         while True:
@@ -292,9 +372,19 @@ class _OutputPump:
             await (to or self._sink)(lines)
 
 
-def _make_workdir() -> Path:
-    work = Path(tempfile.mkdtemp(prefix="tether-step-", dir=runtime_dir()))  # mkdtemp makes it 0700
-    return work
+def _read_or_none(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return None
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _default_env() -> dict[str, str]:

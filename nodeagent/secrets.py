@@ -2,11 +2,16 @@
 
 A ``Secret`` never shows its value in ``repr``/``str``/f-strings; code that
 really needs the value calls ``reveal()``. A ``Redactor`` holds every secret a
-process knows and replaces each occurrence in output with ``[REDACTED]``.
+process knows and replaces each occurrence in output with ``[REDACTED]``: the
+value, the halves of a join token, its base64 forms, and the secret shapes
+kubeadm prints before anyone knows the value (``SHAPES``). A ``LineRedactor``
+also masks a secret that a stream splits across two lines (``abcdef.`` then the
+rest on the next one).
 """
 
 from __future__ import annotations
 
+import base64
 import re
 import threading
 from collections.abc import Iterable
@@ -14,6 +19,22 @@ from collections.abc import Iterable
 MASK = "[REDACTED]"
 # Anything shorter is too likely to appear by chance (and too weak to be a real secret).
 MIN_SECRET_LEN = 6
+# Secret shapes masked even before the value is known; a group named "s" is the part masked.
+SHAPES: tuple[re.Pattern[str], ...] = (
+    # A kubeadm bootstrap token (id.16) or a tether join token (id.32): an id and at least 16 more.
+    re.compile(r"(?<![a-z0-9])[a-z0-9]{6}\.[a-z0-9]{16,}"),
+    # Whatever follows a flag that carries a secret, in either form (space or "=").
+    re.compile(r"(?<![\w-])--(?:token|certificate-key)(?:=|[ \t]+)['\"]?(?P<s>[^\s'\"]+)"),
+    # A certificate key printed on its own (kubeadm: "Using certificate key:" then the value).
+    re.compile(r"(?i)certificate[ _-]key[\"']?:?[ \t]*(?P<s>[a-f0-9]{64})"),
+)
+# A line ending like this leaves its secret to the start of the next line: a token id (then the
+# next line starts with the rest of a token), or a flag or label that carries a secret (then
+# the next line's first word is it).
+_ID_TAIL = re.compile(r"(?<![a-z0-9])[a-z0-9]{6}\.[ \t]*$")
+_TOKEN_REST = re.compile(r"^([ \t]*)[a-z0-9]{16}(?:[a-z0-9]{16})?(?![a-z0-9])")
+_VALUE_TAIL = re.compile(r"(?:(?<![\w-])--(?:token|certificate-key)=?|(?i:certificate[ _-]key:?))[ \t]*$")
+_FIRST_WORD = re.compile(r"^([ \t]*)\S+")
 
 
 class Secret:
@@ -68,6 +89,7 @@ class Redactor:
             # A join token "id.secret" must not leak by halves either.
             if "." in raw:
                 out.extend(p for p in raw.split(".") if len(p) >= 12)
+            out.extend(_base64_forms(raw))
         return out
 
     def add(self, *values: str | Secret) -> None:
@@ -107,16 +129,89 @@ class Redactor:
         return True
 
     def redact(self, text: str) -> str:
+        return self.redact_cut(text)[0]
+
+    def redact_cut(self, text: str, limit: int | None = None) -> tuple[str, bool]:
+        """``text`` masked, then cut after ``limit`` characters of it; and whether it was cut.
+
+        Matching sees the whole text before anything is cut, and a secret that starts before
+        the cut is masked whole: cutting can never leave the first characters of one behind.
+        """
+        if not text:
+            return text, False
+        spans = _merged(self._spans(text))
+        out: list[str] = []
+        pos = 0
+        end = len(text) if limit is None else min(limit, len(text))
+        for start, stop in spans:
+            if start >= end:
+                break
+            out.append(text[pos:start])
+            out.append(MASK)
+            pos = stop
+        if pos < end:
+            out.append(text[pos:end])
+        return "".join(out), end < len(text)
+
+    def _spans(self, text: str) -> list[tuple[int, int]]:
+        spans: list[tuple[int, int]] = []
         pattern = self._pattern
-        if pattern is None or not text:
-            return text
-        return pattern.sub(MASK, text)
+        if pattern is not None:
+            spans.extend(m.span() for m in pattern.finditer(text))
+        for shape in SHAPES:
+            group = "s" if "s" in shape.groupindex else 0
+            spans.extend(m.span(group) for m in shape.finditer(text))
+        return spans
 
     def redact_all(self, lines: Iterable[str]) -> list[str]:
-        pattern = self._pattern
-        if pattern is None:
-            return list(lines)
-        return [pattern.sub(MASK, line) for line in lines]
+        return [self.redact(line) for line in lines]
+
+
+class LineRedactor:
+    """Redacts the lines of one stream in order, masking a secret split across two lines."""
+
+    def __init__(self, redactor: Redactor) -> None:
+        self.redactor = redactor
+        self._rest: re.Pattern[str] | None = None  # what starts the next line if it ends a secret
+
+    def redact(self, line: str, limit: int | None = None) -> tuple[str, bool]:
+        """Like ``Redactor.redact_cut``, for the next line of the stream."""
+        text = line
+        if self._rest is not None:
+            text = self._rest.sub(lambda m: m.group(1) + MASK, line, count=1)
+        self._rest = None
+        if _VALUE_TAIL.search(line):
+            self._rest = _FIRST_WORD
+        elif _ID_TAIL.search(line):
+            self._rest = _TOKEN_REST
+        return self.redactor.redact_cut(text, limit)
+
+
+def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for start, stop in sorted(spans):
+        if out and start <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], stop))
+        else:
+            out.append((start, stop))
+    return out
+
+
+def _base64_forms(raw: str) -> list[str]:
+    """How ``raw`` reads in base64 (standard and URL-safe), alone or inside a longer encoding.
+
+    Inside a longer encoding the value starts at one of three byte offsets; each offset gives a
+    different run of characters that only the value decides (the ones shared with its
+    neighbours are left out), so all three are masked.
+    """
+    data = raw.encode()
+    forms = [base64.b64encode(data).decode()]
+    for offset in range(3):
+        encoded = base64.b64encode(bytes(offset) + data).decode()
+        first, last = -(-8 * offset // 6), 8 * (offset + len(data)) // 6
+        forms.append(encoded[first:last])
+    forms += [f.replace("+", "-").replace("/", "_") for f in forms]
+    return sorted({f for f in forms if len(f) >= MIN_SECRET_LEN and f != raw})
 
 
 # Every secret this process has seen: the log pipeline scrubs them all.

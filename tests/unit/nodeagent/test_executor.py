@@ -7,6 +7,8 @@ import contextlib
 from collections.abc import Mapping
 from pathlib import Path
 
+import pytest
+
 from nodeagent.executor import Executor
 from nodeagent.journal import JournalState
 from nodeagent.model import Plan, Step
@@ -254,3 +256,15 @@ async def test_a_journal_holding_older_digests_of_a_step_counts_only_the_last(tm
     assert [e.digest for e in h.executor.journal.entries()] == [b.digest]
     await h.run(plan(a))
     assert (tmp_path / "driver.installed").read_text() == "550\n"
+
+
+async def test_the_executor_removes_its_runners_leftover_work_directories_at_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rt = tmp_path / "rt"
+    rt.mkdir()
+    monkeypatch.setenv("RUNTIME_DIRECTORY", str(rt))
+    h = Harness(tmp_path)
+    (rt / f"{h.executor.runner.workdir_prefix}killed").mkdir()
+    await h.run(plan(counter(tmp_path, "a")))
+    assert list(rt.iterdir()) == []

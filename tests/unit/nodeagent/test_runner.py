@@ -124,3 +124,68 @@ async def test_outputs_travel_with_secrets_but_are_not_masked(tmp_path: Path) ->
     result = await runner.run(Step(name="s", script=script).sealed(), Sink())
     assert result.outputs == {"ENDPOINT": "10.0.0.2:6443"}
     assert runner.redactor.redact("10.0.0.2:6443 abcdef.0123456789abcdef") == "10.0.0.2:6443 [REDACTED]"
+
+
+# -- issue 10, item 16: the script on disk is the step's script ---------------------------------
+
+
+async def test_a_script_cut_short_on_disk_is_written_again_not_run_empty(tmp_path: Path) -> None:
+    runner = make_runner(tmp_path)
+    step = Step(name="s", script=f"echo ran >> {tmp_path}/ran\necho done\n").sealed()
+    assert (await runner.run(step, Sink())).ok
+    runner.script_path(step).write_bytes(b"")  # what a power cut can leave behind
+    sink = Sink()
+    result = await runner.run(step, sink)
+    assert result.ok and sink.lines == ["done"]
+    assert (tmp_path / "ran").read_text() == "ran\nran\n"
+    assert runner.script_path(step).read_text() == step.script
+
+
+async def test_a_script_that_cannot_be_made_right_fails_the_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from nodeagent import runner as runner_module
+
+    monkeypatch.setattr(runner_module, "_read_or_none", lambda path: b"")  # the disk gives back nothing
+    result = await make_runner(tmp_path).run(Step(name="s", script="true\n").sealed(), Sink())
+    assert not result.ok and result.exit_code == runner_module.BAD_SCRIPT_EXIT_CODE
+    assert "does not hold the step's script" in result.error
+
+
+# -- issue 10, item 17: work directories never outlive their run --------------------------------
+
+
+def workdirs(root: Path) -> list[str]:
+    return sorted(p.name for p in root.iterdir()) if root.exists() else []
+
+
+async def test_the_work_directory_is_removed_when_the_run_raises(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rt = tmp_path / "rt"
+    rt.mkdir()
+    monkeypatch.setenv("RUNTIME_DIRECTORY", str(rt))
+
+    async def broken_sink(lines: list[str]) -> None:
+        raise OSError(28, "No space left on device")
+
+    step = Step(name="s", script="echo one\necho two\n").sealed()
+    with pytest.raises(OSError):
+        await make_runner(tmp_path).run(step, broken_sink, final_output=broken_sink)
+    assert workdirs(rt) == []
+
+
+async def test_leftover_work_directories_of_this_agent_only_are_removed_at_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rt = tmp_path / "rt"
+    rt.mkdir()
+    monkeypatch.setenv("RUNTIME_DIRECTORY", str(rt))
+    mine = Runner(tmp_path / "a" / "scripts", Redactor())
+    theirs = Runner(tmp_path / "b" / "scripts", Redactor())
+    assert mine.workdir_prefix != theirs.workdir_prefix
+    (rt / f"{mine.workdir_prefix}killed").mkdir()
+    (rt / f"{theirs.workdir_prefix}live").mkdir()
+    (rt / "unrelated").mkdir()
+    assert mine.remove_leftover_workdirs() == 1
+    assert workdirs(rt) == sorted([f"{theirs.workdir_prefix}live", "unrelated"])

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import base64
 import pickle
+from pathlib import Path
 
 import pytest
 
@@ -85,3 +87,122 @@ def test_third_party_tracebacks_are_masked_too() -> None:
     PROCESS_REDACTOR.discard("traceback-canary-7731")
     out = stream.getvalue()
     assert "RuntimeError" in out and "traceback-canary-7731" not in out
+
+
+# -- issue 10, item 10: redaction gaps ----------------------------------------------------------
+
+TOKEN_ID, TOKEN_SECRET = "k7q2zp", "c4n4ryc4n4ryc4n4ryc4n4ryc4n4ry01"  # a tether join token canary
+TOKEN = f"{TOKEN_ID}.{TOKEN_SECRET}"
+
+
+def leaked(text: str, secret: str = TOKEN_SECRET, piece: int = 5) -> list[str]:
+    """Every ``piece``-long slice of ``secret`` found in ``text``."""
+    return [secret[i : i + piece] for i in range(len(secret) - piece + 1) if secret[i : i + piece] in text]
+
+
+@pytest.mark.parametrize("shift", range(-40, 2))
+def test_a_secret_at_the_cut_is_masked_whole_never_by_halves(shift: int) -> None:
+    from nodeagent.runner import MAX_LINE
+
+    line = "x" * (MAX_LINE + shift) + " " + TOKEN + " tail"
+    for r in (Redactor([TOKEN]), Redactor()):  # known, and only its shape
+        out, cut = r.redact_cut(line, MAX_LINE)
+        assert cut and len(out) <= MAX_LINE + len(MASK)
+        assert not leaked(out) and f"{TOKEN_ID}." not in out, out[-60:]
+
+
+async def test_the_runner_redacts_a_long_line_before_cutting_it(tmp_path: Path) -> None:
+    from nodeagent.model import Step
+    from nodeagent.runner import MAX_LINE, Runner
+
+    lines: list[str] = []
+
+    async def sink(batch: list[str]) -> None:
+        lines.extend(batch)
+
+    pad = MAX_LINE - len(TOKEN_ID) - 10  # the cut falls 9 characters into the secret
+    script = f"printf 'x%.0s' $(seq 1 {pad}); echo {TOKEN}; echo after\n"
+    runner = Runner(tmp_path / "scripts", Redactor([TOKEN]), batch_interval=0.05)
+    assert (await runner.run(Step(name="s", script=script).sealed(), sink)).ok
+    assert len(lines) == 2 and lines[1] == "after"
+    assert lines[0].endswith("[line truncated]") and not leaked(lines[0])
+
+
+def test_flags_carrying_secrets_are_masked_with_equals_as_with_a_space() -> None:
+    key = "f00dcafe" * 8
+    r = Redactor()
+    for line in (
+        f"kubeadm join --certificate-key={key} --control-plane",
+        f"kubeadm join --certificate-key {key}",
+        f"kubeadm join --token={TOKEN}",
+        f"kubeadm join --token='{TOKEN}'",
+        f"[upload-certs] Using certificate key: {key}",
+    ):
+        out = r.redact(line)
+        assert key not in out and not leaked(out) and not leaked(out, key), out
+    assert r.redact("--token-file /etc/tether/join-token") == "--token-file /etc/tether/join-token"
+
+
+def test_token_id_prefixed_forms_are_masked_even_unknown() -> None:
+    r = Redactor()
+    for line in (
+        f"token {TOKEN}XYZ",  # glued to more text
+        f"token={TOKEN}_suffix",
+        f"bootstrap token {TOKEN_ID}.0123456789abcdef!",
+    ):
+        out = r.redact(line)
+        assert not leaked(out) and not leaked(out, "0123456789abcdef"), out
+
+
+def test_a_secret_split_across_two_lines_is_masked_on_both() -> None:
+    from nodeagent.secrets import LineRedactor
+
+    key = "0badc0de" * 8
+    lr = LineRedactor(Redactor())
+    out = [
+        lr.redact(line)[0]
+        for line in (
+            f"kubeadm join 10.0.0.1:6443 --token {TOKEN_ID}.",
+            "0123456789abcdef --discovery-token-ca-cert-hash sha256:" + "a" * 64,
+            "[upload-certs] Using certificate key:",
+            key,
+            "--token",
+            TOKEN,
+            "Setting up system.",
+            "done and dusted",
+        )
+    ]
+    text = "\n".join(out)
+    assert "0123456789abcdef" not in text and key not in text and not leaked(text)
+    assert "sha256:" + "a" * 64 in text  # the CA hash is public
+    assert out[-1] == "done and dusted"  # a sentence that ends in a word and a dot masks nothing
+
+
+async def test_the_runner_masks_a_token_split_across_lines(tmp_path: Path) -> None:
+    from nodeagent.model import Step
+    from nodeagent.runner import Runner
+
+    lines: list[str] = []
+
+    async def sink(batch: list[str]) -> None:
+        lines.extend(batch)
+
+    script = f"echo 'join --token {TOKEN_ID}.'; echo '0123456789abcdef'\n"
+    runner = Runner(tmp_path / "scripts", Redactor(), batch_interval=0.05)
+    await runner.run(Step(name="s", script=script).sealed(), sink)
+    assert lines == [f"join --token {MASK}", MASK]
+
+
+@pytest.mark.parametrize("before", ["", "a", "ab", "abc", 'kubeconfig: {"token": "'])
+def test_base64_of_a_held_secret_is_masked_alone_and_inside_a_longer_encoding(before: str) -> None:
+    secret = "hunter2-canary-base64-value"
+    r = Redactor([secret])
+    for encode in (base64.b64encode, base64.urlsafe_b64encode):
+        encoded = encode(f"{before}{secret}\n".encode()).decode()
+        out = r.redact(f"data: {encoded}")
+        alone = base64.b64encode(secret.encode()).decode()
+        assert MASK in out, out
+        for offset in range(3):  # no run of the secret's own encoding is left
+            core = base64.b64encode(bytes(offset) + secret.encode()).decode()[4:-4]
+            assert core not in out, (offset, out)
+        assert alone[:-4] not in out
