@@ -17,7 +17,7 @@ from types import TracebackType
 
 from bootstrap.bundle import AgentBundle
 
-_PATH = re.compile(r"^/bundles/([0-9a-f]{64})\.tar\.gz$")
+_PATH = re.compile(r"/bundles/([0-9a-f]{64})\.tar\.gz")
 CHUNK = 1 << 20
 
 
@@ -62,7 +62,7 @@ class BundleServer:
                 pass  # headers: nothing in them matters
             parts = request.decode("latin-1").split()
             method, target = (parts[0], parts[1]) if len(parts) >= 2 else ("", "")
-            m = _PATH.match(target)
+            m = _PATH.fullmatch(target)
             path = self._files.get(m.group(1)) if m else None
             if method not in ("GET", "HEAD") or path is None or not path.is_file():
                 writer.write(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")

@@ -44,7 +44,14 @@ from nodeagent.model import EventKind, Role, now_ms
 from nodeagent.secrets import PROCESS_REDACTOR, Redactor
 
 log = logs.get_logger("tether.bootstrap")
-NODE_NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?$")
+NODE_NAME_RE = re.compile(r"[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?")
+
+
+def valid_node_name(name: str) -> bool:
+    """A DNS-style node name, the whole of it (no trailing newline slips through)."""
+    return NODE_NAME_RE.fullmatch(name) is not None
+
+
 ACTIVE_STATES = ("active", "activating", "reloading")
 Opener = Callable[[], Awaitable[Transport]]
 
@@ -185,7 +192,7 @@ async def _detect(run: _Run) -> None:
         if reasons:
             raise UnsupportedHost(reasons, target=run.target)
         name = (request.node_name or host.facts.hostname).strip().lower()
-        if not NODE_NAME_RE.match(name):
+        if not valid_node_name(name):
             raise UnsupportedHost(
                 [f"{name!r} is not a valid node name (lowercase letters, digits, '-', '.'): use --node-name"],
                 target=run.target,

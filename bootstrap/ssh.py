@@ -26,7 +26,7 @@ from nodeagent.secrets import Secret
 DEFAULT_PORT = 22
 CONNECT_TIMEOUT = 15.0
 KEEPALIVE_SECONDS = 30.0
-_ENDPOINT_RE = re.compile(r"^(?:(?P<user>[^@\s]+)@)?(?P<host>\[[^\]]+\]|[^:@\s]+)(?::(?P<port>\d+))?$")
+_ENDPOINT_RE = re.compile(r"(?:(?P<user>[^@\s]+)@)?(?P<host>\[[^\]]+\]|[^:@\s]+)(?::(?P<port>[0-9]+))?")
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class SshEndpoint:
     @classmethod
     def parse(cls, value: str, default_user: str = "root") -> SshEndpoint:
         """``[USER@]HOST[:PORT]`` (an IPv6 host in brackets)."""
-        m = _ENDPOINT_RE.match(value.strip())
+        m = _ENDPOINT_RE.fullmatch(value.strip())
         if not m:
             raise ValueError(f"invalid SSH target {value!r}: expected USER@HOST[:PORT]")
         port = int(m.group("port") or DEFAULT_PORT)

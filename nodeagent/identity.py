@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import socket
 import ssl
 import stat
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
 # Every controller certificate carries this DNS name; clients verify it instead
 # of whatever address they dialled, so one CA pin works from every network.
 CONTROLLER_SERVER_NAME = "tether-controller"
+_PORT_RE = re.compile(r"[0-9]{1,5}")
 
 
 def generate_key() -> bytes:
@@ -169,7 +171,7 @@ def check_server_leaf(leaf: x509.Certificate, address: str) -> None:
 
 def split_address(address: str) -> tuple[str, int]:
     host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit():
+    if not sep or not _PORT_RE.fullmatch(port) or int(port) > 65535:
         raise IdentityError(f"invalid address {address!r}: expected HOST:PORT")
     return host.strip("[]"), int(port)
 
