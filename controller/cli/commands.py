@@ -204,12 +204,16 @@ def token_create(args: argparse.Namespace) -> int:
         ),
     )
     if args.print_join_command:
+        import shlex
+
+        # The token travels in the agent's environment, never on its command line (/proc/PID/cmdline
+        # is world-readable); the agent drops it once read. Still one line to paste and append to.
         cmd = (
-            f"tether-agent run --controller {reply.controller} --token {reply.token} "
-            f"--ca-hash {reply.ca_hash}"
+            f"TETHER_JOIN_TOKEN={shlex.quote(reply.token)} tether-agent run "
+            f"--controller {shlex.quote(reply.controller)} --ca-hash {shlex.quote(reply.ca_hash)}"
         )
         if args.node_name:
-            cmd += f" --node-name {args.node_name}"
+            cmd += f" --node-name {shlex.quote(args.node_name)}"
         print(cmd)
     else:
         print(reply.token)
