@@ -16,10 +16,10 @@ from nodeagent.limits import MAX_DOCUMENT_BYTES, KiB, MiB
 
 
 def _size_text(size: int) -> str:
-    if size >= MiB:
-        return f"{size / MiB:.1f} MiB"
-    if size >= KiB:
-        return f"{size / KiB:.1f} KiB"
+    """``1.5 MiB (1572864 bytes)``; a size under 1 KiB in bytes only."""
+    for unit, name in ((MiB, "MiB"), (KiB, "KiB")):
+        if size >= unit:
+            return f"{f'{size / unit:.1f}'.removesuffix('.0')} {name} ({size} bytes)"
     return f"{size} bytes"
 
 
@@ -28,8 +28,7 @@ def check_size(document: str, limit: int = MAX_DOCUMENT_BYTES) -> None:
     size = len(document.encode())
     if size > limit:
         raise InvalidArgument(
-            f"environment document is {_size_text(size)} ({size} bytes), over the limit of "
-            f"{_size_text(limit)} ({limit} bytes)"
+            f"environment document is {_size_text(size)}, over the limit of {_size_text(limit)}"
         )
 
 

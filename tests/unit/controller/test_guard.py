@@ -1,0 +1,148 @@
+"""Issue 10, item 1: the guard on calls open to the anonymous identity (size, concurrency, rate)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import pytest
+
+from controller.guard import ENROLL, Guard
+from controller.limits import TokenBucket
+from controller.refusals import RefusalLog
+
+
+class _Log:
+    def __init__(self) -> None:
+        self.lines: list[tuple[str, dict[str, Any]]] = []
+
+    def warning(self, message: str, **fields: Any) -> None:
+        self.lines.append((message, fields))
+
+
+class _Service:
+    """``tether.v1.AgentService/Enroll`` on raw bytes: holds each call until ``release`` is set."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.entered = 0
+
+    async def enroll(self, request: bytes, context: Any) -> bytes:
+        self.entered += 1
+        await self.release.wait()
+        return b"ok:" + request[:8]
+
+
+async def _server(service: _Service, guard: Guard) -> tuple[grpc.aio.Server, str]:
+    server = grpc.aio.server(interceptors=[guard])
+    handler = grpc.method_handlers_generic_handler(
+        "tether.v1.AgentService", {"Enroll": grpc.unary_unary_rpc_method_handler(service.enroll)}
+    )
+    server.add_generic_rpc_handlers((handler,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    return server, f"127.0.0.1:{port}"
+
+
+async def _call(address: str, payload: bytes) -> tuple[grpc.StatusCode, str]:
+    async with grpc.aio.insecure_channel(address) as channel:
+        call: Any = channel.unary_unary(ENROLL)
+        try:
+            await call(payload, timeout=30)
+        except grpc.aio.AioRpcError as exc:
+            return exc.code(), exc.details() or ""
+        return grpc.StatusCode.OK, ""
+
+
+@pytest.fixture
+def log() -> _Log:
+    return _Log()
+
+
+async def _run(guard: Guard, body: Any) -> Any:
+    service = _Service()
+    server, address = await _server(service, guard)
+    try:
+        return await body(service, address)
+    finally:
+        await server.stop(0)
+
+
+def test_a_request_over_the_message_limit_is_refused_before_the_handler(log: _Log) -> None:
+    guard = Guard(message_bytes=1024, refusals=RefusalLog(logger=log))
+
+    async def body(service: _Service, address: str) -> None:
+        service.release.set()
+        assert await _call(address, b"x" * 1024) == (grpc.StatusCode.OK, "")
+        code, details = await _call(address, b"x" * 1025)
+        assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "request of 1025 bytes is over the limit of 1024 bytes" in details
+        assert service.entered == 1
+
+    asyncio.run(_run(guard, body))
+    assert [m for m, _ in log.lines] == ["call refused"]
+
+
+def test_calls_over_the_concurrency_wait_then_are_refused(log: _Log) -> None:
+    guard = Guard(concurrency=2, wait_seconds=0.2, refusals=RefusalLog(logger=log))
+
+    async def body(service: _Service, address: str) -> list[tuple[grpc.StatusCode, str]]:
+        held = [asyncio.create_task(_call(address, b"a")) for _ in range(2)]
+        while service.entered < 2:
+            await asyncio.sleep(0.01)
+        third = await _call(address, b"b")  # both slots are held: it waits, then is refused
+        service.release.set()
+        return [third, *[await t for t in held]]
+
+    third, *held = asyncio.run(_run(guard, body))
+    assert third[0] == grpc.StatusCode.UNAVAILABLE
+    assert "at most 2" in third[1]
+    assert held == [(grpc.StatusCode.OK, "")] * 2
+
+
+def test_enrollments_over_the_rate_are_refused(log: _Log) -> None:
+    guard = Guard(enroll=TokenBucket(rate=0.0, burst=3), refusals=RefusalLog(rate=1, logger=log))
+
+    async def body(service: _Service, address: str) -> list[grpc.StatusCode]:
+        service.release.set()
+        return [(await _call(address, b"e"))[0] for _ in range(6)]
+
+    codes = asyncio.run(_run(guard, body))
+    assert codes == [grpc.StatusCode.OK] * 3 + [grpc.StatusCode.RESOURCE_EXHAUSTED] * 3
+    assert len(log.lines) == 1  # three refusals, one log line (the rest counted)
+
+
+def test_streams_of_open_methods_are_size_checked_per_message() -> None:
+    guard = Guard(methods={"/t.S/Chat"}, message_bytes=16)
+
+    async def chat(requests: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
+        async for r in requests:
+            yield r
+
+    async def main() -> tuple[list[bytes], grpc.StatusCode]:
+        server = grpc.aio.server(interceptors=[guard])
+        handler = grpc.method_handlers_generic_handler(
+            "t.S", {"Chat": grpc.stream_stream_rpc_method_handler(chat)}
+        )
+        server.add_generic_rpc_handlers((handler,))
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        got: list[bytes] = []
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                chat_call: Any = channel.stream_stream("/t.S/Chat")
+                call = chat_call(iter([b"small", b"x" * 17]), timeout=30)
+                try:
+                    async for reply in call:
+                        got.append(reply)
+                except grpc.aio.AioRpcError as exc:
+                    return got, exc.code()
+                return got, grpc.StatusCode.OK
+        finally:
+            await server.stop(0)
+
+    got, code = asyncio.run(main())
+    assert got == [b"small"]
+    assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
