@@ -28,6 +28,15 @@ ADMIN_URI_PREFIX = "spiffe://tether/admin/"
 ADMIN_ROLES = ("admin", "read-only")
 
 
+# Certificates start a little in the past, for clocks that lag ours; at most a tenth of a short
+# lifetime, so that a certificate is never mostly backdate (an agent renews with a third left).
+BACKDATE = dt.timedelta(minutes=5)
+
+
+def backdate(days: float) -> dt.timedelta:
+    return min(BACKDATE, dt.timedelta(days=days) / 10)
+
+
 def _now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
 
@@ -118,7 +127,7 @@ class CertificateAuthority:
             .issuer_name(self.cert.subject)
             .public_key(public_key)  # type: ignore[arg-type]
             .serial_number(x509.random_serial_number())
-            .not_valid_before(now - dt.timedelta(minutes=5))
+            .not_valid_before(now - backdate(days))
             .not_valid_after(now + dt.timedelta(days=days))
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(_key_usage(), critical=True)
