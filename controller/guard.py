@@ -6,7 +6,7 @@ A gRPC server interceptor, for ``Enroll`` and the health and reflection services
   RESOURCE_EXHAUSTED before it is parsed (the server's global receive limit has already kept it
   below ``MAX_RECEIVE_BYTES``);
 - at most ``ANONYMOUS_CONCURRENCY`` unary calls (and as many streams) are in progress at once; one
-  more waits ``ANONYMOUS_WAIT_SECONDS`` for a slot, then is refused with UNAVAILABLE;
+  more waits ``ANONYMOUS_WAIT_SECONDS`` for a slot, then is refused with RESOURCE_EXHAUSTED;
 - enrollments are accepted at ``ENROLL_RATE_PER_SECOND`` (all callers together), the rest are
   refused with RESOURCE_EXHAUSTED (the agent retries with backoff).
 
@@ -181,7 +181,7 @@ class Guard(grpc.aio.ServerInterceptor):
                 "too many calls open to the anonymous enrollment identity in progress "
                 f"(at most {self._concurrency}); try again shortly"
             )
-            await self._refuse(context, method, grpc.StatusCode.UNAVAILABLE, message)
+            await self._refuse(context, method, grpc.StatusCode.RESOURCE_EXHAUSTED, message)
         try:
             yield
         finally:

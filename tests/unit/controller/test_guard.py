@@ -97,7 +97,7 @@ def test_calls_over_the_concurrency_wait_then_are_refused(log: _Log) -> None:
         return [third, *[await t for t in held]]
 
     third, *held = asyncio.run(_run(guard, body))
-    assert third[0] == grpc.StatusCode.UNAVAILABLE
+    assert third[0] == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert "at most 2" in third[1]
     assert held == [(grpc.StatusCode.OK, "")] * 2
 
