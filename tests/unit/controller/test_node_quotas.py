@@ -1,0 +1,147 @@
+"""Issue 10, items 9, 5, 11 and 15 below the wire: per-node quotas on the stream, renewal and
+stream-open rates, the store taking an agent's acked boundary, and a corrupt database."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from controller import enrollment, tokens
+from controller.agent_service import AgentService
+from controller.auth import Kind, Principal
+from controller.ca import CertificateAuthority
+from controller.errors import ResourceExhausted, StoreError
+from controller.hub import Hub, Session
+from controller.limits import NODE_CONNECTS_PER_MINUTE, NODE_RENEWALS_PER_HOUR, TokenBucket
+from controller.store import NodeRecord, SqliteStore
+from controller.tokens import TokenRecord
+from nodeagent.identity import generate_key, make_csr
+from nodeagent.model import Event, EventKind
+from nodeagent.secrets import Redactor
+from tests.unit.controller.test_store import ev
+
+
+class NoCluster:
+    async def on_events(self, node: NodeRecord, events: Any) -> None:
+        return None
+
+
+class NodeAuth:
+    def principal(self, context: Any) -> Principal:
+        return Principal(Kind.NODE, "n1", fingerprint="fp-1")
+
+
+@pytest.fixture
+async def service(tmp_path: Path) -> AsyncIterator[tuple[AgentService, SqliteStore]]:
+    store = SqliteStore(tmp_path / "t.db")
+    await store.put_token(TokenRecord("tok", "h", "e", "worker", "", 10**15, 1, 0, False, 1))
+    key = generate_key()
+    rec = NodeRecord("n1", "e", "worker", "fp-1", enrollment.csr_key_hash(make_csr(key, "n1")), "tok", 1)
+    await store.enroll_node("tok", "n1", lambda t, e: (rec, True))
+    app = SimpleNamespace(
+        store=store,
+        hub=Hub(),
+        redactor=Redactor(),
+        cluster=NoCluster(),
+        auth=NodeAuth(),
+        ca=CertificateAuthority.load_or_create(tmp_path / "pki"),
+        config=SimpleNamespace(node_cert_days=1.0),
+        key=key,
+    )
+    yield AgentService(app), store  # type: ignore[arg-type]
+    await store.close()
+
+
+def drain(session: Session) -> list[Any]:
+    out = []
+    while not session.outbox.empty():
+        out.append(session.outbox.get_nowait())
+    return out
+
+
+def output(seq: int, lines: int, width: int = 100) -> Any:
+    from controller import wire
+
+    return wire.event_to_pb(Event(kind=EventKind.OUTPUT, step="s", seq=seq, lines=("x" * width,) * lines))
+
+
+async def test_output_over_the_node_quota_is_summarised_and_seq_stays_contiguous(
+    service: tuple[AgentService, SqliteStore],
+) -> None:
+    svc, store = service
+    svc.quotas.buckets("n1").output = TokenBucket(rate=0.0, burst=5_000)
+    node = store.get_node("n1")
+    assert node is not None
+    session = Session("n1", "e")
+    await svc._events(node, session, [output(1, 10), output(2, 45), output(3, 1)])
+    stored = store.list_events("n1")
+    assert [e.seq for e in stored] == [1, 2, 3]
+    assert stored[0].lines == ("x" * 100,) * 10  # within the quota: kept
+    assert stored[1].lines == ("[tether: 45 lines, 4.4 KiB of output dropped: node over its output quota]",)
+    assert stored[2].lines == ("x" * 100,)  # what is left of the quota still stores small output
+    (ack,) = drain(session)
+    assert ack.ack.seq == 3
+
+
+async def test_renewals_are_rate_limited_per_node(service: tuple[AgentService, SqliteStore]) -> None:
+    svc, store = service
+    node = store.get_node("n1")
+    assert node is not None
+    session = Session("n1", "e")
+    csr = make_csr(svc.app.key, "n1")  # type: ignore[attr-defined]
+    for _ in range(int(NODE_RENEWALS_PER_HOUR) + 5):
+        await svc._renew(node, session, csr, "fp-1")
+    certificates = [m for m in drain(session) if m.WhichOneof("kind") == "certificate"]
+    assert len(certificates) == int(NODE_RENEWALS_PER_HOUR)
+
+
+async def test_stream_opens_are_rate_limited_with_a_retry_hint(
+    service: tuple[AgentService, SqliteStore],
+) -> None:
+    svc, _ = service
+    for _ in range(int(NODE_CONNECTS_PER_MINUTE)):
+        assert svc._opening(object()) == ("n1", "fp-1")
+    with pytest.raises(ResourceExhausted) as exc:
+        svc._opening(object())
+    assert exc.value.retry_after_s >= 1 and "retry in" in str(exc.value)
+
+
+async def test_a_superseded_certificate_is_refused(service: tuple[AgentService, SqliteStore]) -> None:
+    svc, store = service
+    await store.update_node("n1", cert_fingerprint="fp-2", prev_fingerprint="")
+    with pytest.raises(Exception, match="superseded"):
+        svc.admitted("n1", "fp-1")
+    await store.update_node("n1", revoked=True)
+    with pytest.raises(Exception, match="revoked"):
+        svc.admitted("n1", "fp-2")
+
+
+async def test_the_store_takes_the_agents_acked_boundary_and_records_the_gap(
+    service: tuple[AgentService, SqliteStore],
+) -> None:
+    _, store = service
+    await store.append_events("n1", [ev(1), ev(2)])
+    assert await store.accept_acked("n1", 9) == 9
+    assert await store.accept_acked("n1", 4) == 9  # never backwards
+    stored = store.list_events("n1")
+    assert [e.seq for e in stored] == [1, 2, 3]
+    assert stored[2].kind is EventKind.INFO and "events 3..9 were acknowledged before" in stored[2].message
+    assert await store.append_events("n1", [ev(10)]) == 10
+
+
+def test_a_corrupt_database_is_a_store_error_naming_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "tether.db"
+    path.write_bytes(os.urandom(4096))
+    with pytest.raises(StoreError) as exc:
+        SqliteStore(path)
+    assert str(path) in str(exc.value) and "backup" in str(exc.value)
+
+
+def test_values_with_a_trailing_newline_do_not_match() -> None:
+    assert enrollment.NODE_NAME_RE.fullmatch("n1\n") is None
+    assert tokens.TOKEN_RE.fullmatch("abcdef." + "a" * 32 + "\n") is None
