@@ -29,6 +29,7 @@ from controller.hub import Hub
 from controller.listen import ListenError, preflight
 from controller.planner import Planner
 from controller.secretbox import SecretBox
+from controller.spec import load_document
 from controller.store import SqliteStore
 from controller.transport import server_options
 from nodeagent import anonymous, logs
@@ -113,6 +114,7 @@ class Controller:
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         names = (*wire.SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME)
         reflection.enable_server_reflection(names, server)
+        await _parse_stored_specs(app)
         await server.start()
         for name in ("", *wire.SERVICE_NAMES):
             await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -157,6 +159,21 @@ class Controller:
     async def wait(self) -> None:
         assert self.server is not None
         await self.server.wait_for_termination()
+
+
+async def _parse_stored_specs(app: App) -> None:
+    """Parse the stored environments in a worker thread now, so that no plan parses one on the loop."""
+    for env in app.store.list_environments():
+        try:
+            loaded = await asyncio.to_thread(load_document, env.document)
+        except Exception as exc:  # the planner reports it when a node of that environment asks
+            log.warning(
+                "stored environment does not load",
+                environment=env.name,
+                error=(str(exc).splitlines() or [type(exc).__name__])[0],
+            )
+            continue
+        app.planner.remember(env, loaded)
 
 
 async def serve(config: ControllerConfig, on_ready: Callable[[str], None] | None = None) -> None:

@@ -109,3 +109,29 @@ def test_the_size_line_names_the_size_and_the_limit() -> None:
         "environment document is 1.5 MiB (1572864 bytes), over the limit of 1 MiB (1048576 bytes)"
     )
     check_size("x" * (1 << 20), 1 << 20)  # at the limit: accepted
+
+
+def test_stored_environments_are_parsed_off_the_loop_at_start_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    from controller.planner import Planner
+    from controller.server import _parse_stored_specs
+    from controller.store.records import EnvironmentRecord
+
+    good = EnvironmentRecord("e", DOCUMENT, "v1alpha1", {}, 3, 0, 0)
+    bad = EnvironmentRecord("b", "kind: [", "v1alpha1", {}, 1, 0, 0)
+    threads: list[threading.Thread] = []
+
+    def load(document: str) -> Any:
+        threads.append(threading.current_thread())
+        return load_document(document)
+
+    monkeypatch.setattr("controller.server.load_document", load)
+    planner = Planner(SimpleNamespace())
+    app = SimpleNamespace(store=SimpleNamespace(list_environments=lambda: [good, bad]), planner=planner)
+    asyncio.run(_parse_stored_specs(app))  # type: ignore[arg-type]
+    assert threads and all(t is not threading.main_thread() for t in threads)
+
+    def parse_again(document: str) -> None:
+        raise AssertionError("parsed on the loop")
+
+    monkeypatch.setattr("controller.planner.load_document", parse_again)
+    assert planner.spec(good).spec.name == "e"  # remembered: a node's plan does not parse it
