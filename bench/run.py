@@ -1,6 +1,6 @@
 """tether benchmarks: one JSON object per line on stdout, progress on stderr.
 
-    python bench/run.py [--quick] [--keep] [--only agent]
+    python bench/run.py [--quick] [--keep] [--only agent|flood] [--flood-agents N]
 
 Every figure comes with a bare baseline measured in the same invocation: a minimal grpc.aio
 server (bench/bare.py) with the controller's TLS set-up, options and message sizes. The
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import dataclasses
 import shutil
 import signal
 import sys
@@ -21,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import CLIENT_CPUS, SERVER_CPUS, Proc, emit, log
-from bench.scenarios import FULL, QUICK, run_agent_only, run_bare, run_controller
+from bench.scenarios import FULL, QUICK, run_agent_only, run_bare, run_controller, run_flood
 
 
 def main() -> int:
@@ -30,11 +31,15 @@ def main() -> int:
     p.add_argument("--keep", action="store_true", help="keep the work directory (logs, store) for inspection")
     p.add_argument(
         "--only",
-        choices=["agent"],
-        help="run one scenario alone: agent = the agent-overhead figures (no fleet, no baseline server)",
+        choices=["agent", "flood"],
+        help="run one scenario alone: agent = the agent-overhead figures (no fleet, no baseline server);"
+        " flood = heartbeat round trips while one agent floods output",
     )
+    p.add_argument("--flood-agents", type=int, help="heartbeating agents in --only flood (default 2000)")
     args = p.parse_args()
     sizes = QUICK if args.quick else FULL
+    if args.flood_agents:
+        sizes = dataclasses.replace(sizes, flood_agents=args.flood_agents)
     work = Path(tempfile.mkdtemp(prefix="tether-bench-"))
 
     def cleanup() -> None:
@@ -53,9 +58,12 @@ def main() -> int:
     )
     if args.only == "agent":
         run_agent_only(work, sizes, emit)
+    elif args.only == "flood":
+        run_flood(work, sizes, emit)
     else:
         bare = run_bare(work, sizes)
         run_controller(work, sizes, bare, args.quick, emit)
+        run_flood(work, sizes, emit)
     log(f"done in {time.monotonic() - t0:.0f}s")
     return 0
 

@@ -49,6 +49,8 @@ class Sizes:
     storm_agents: int
     storm_event_interval: float
     overhead_runs: int
+    flood_agents: int  # flood: agents that only heartbeat while one other floods output
+    flood_window: float  # seconds each flood window (unloaded, then flooded) is measured
 
 
 FULL = Sizes(
@@ -61,6 +63,8 @@ FULL = Sizes(
     storm_agents=5000,
     storm_event_interval=5.0,
     overhead_runs=5,
+    flood_agents=2000,
+    flood_window=30.0,
 )
 QUICK = Sizes(
     agents=2000,
@@ -72,6 +76,8 @@ QUICK = Sizes(
     storm_agents=1000,
     storm_event_interval=5.0,
     overhead_runs=3,
+    flood_agents=2000,
+    flood_window=10.0,
 )
 
 
@@ -626,6 +632,160 @@ def verify_storm(ctl: Controller, reports: dict[str, list[int]]) -> tuple[int, i
     return lost, dup, checked
 
 
+# -- one agent flooding output ---------------------------------------------------------------------
+
+FLOOD_LINES = 500  # lines per output event: the most the agent's runner puts in one
+FLOOD_WINDOW_EVENTS = 64  # events the flooding agent keeps ahead of its acknowledgements (about 3 MB)
+FLOOD_TARGET = 2.0  # the others' heartbeat round-trip p99, flooded / unloaded
+
+
+def p99(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] if ordered else 0.0
+
+
+def probe_window(fleet: Sims, seconds: float) -> list[float]:
+    """Round trips (ms) of the probes that came back within ``seconds``."""
+    fleet.call({"cmd": "probe", "collect": True})
+    time.sleep(seconds)
+    return [1000 * r for reply in fleet.call({"cmd": "probe", "collect": True}) for r in reply["rtts"]]
+
+
+def enroll_all(work: Path, ctl: Controller, label: str, count: int, token: str) -> list[str]:
+    """Enroll ``count`` simulated agents for real (waiting out the enrollment rate); their id files."""
+    nsims = Sims.needed(count)
+    parts = split(names(label, count), nsims)
+    files = [str(work / "identities" / f"{label}-{i}.jsonl") for i in range(nsims)]
+    sims = Sims(work, f"{label}-enroll", nsims)
+    try:
+        sims.call(lambda i: {"cmd": "prepare_enroll", "names": parts[i]})
+        replies = sims.call(
+            lambda i: {
+                "cmd": "enroll",
+                "target": ctl.address,
+                "ca": str(ctl.ca_file),
+                "token": token,
+                "concurrency": ENROLL_CONCURRENCY,
+                "retry_exhausted": True,
+                "out": files[i],
+            },
+            timeout=1800,
+        )
+    finally:
+        sims.close()
+    ok, _ = enroll_span(replies)
+    if ok != count:
+        raise RuntimeError(f"{label}: {ok} of {count} agents enrolled")
+    return files
+
+
+@dataclass
+class FloodResult:
+    quiet: list[float] = field(default_factory=list)  # round trips (ms), nobody flooding
+    loud: list[float] = field(default_factory=list)  # round trips (ms), one agent flooding
+    quiet_cpu: float = 0.0
+    loud_cpu: float = 0.0
+    flood_lines_per_s: float = 0.0
+    flooder_cpu: float = 0.0  # the flooding client's CPU % (it shares the client core with the fleet)
+    flood_errors: dict[str, int] = field(default_factory=dict)
+    fleet_errors: dict[str, int] = field(default_factory=dict)
+
+
+def run_flood(work: Path, sizes: Sizes, emit: Emit) -> None:
+    """2,000 agents heartbeat; their round-trip p99 without, then with, one agent flooding output."""
+    (work / "flood" / "identities").mkdir(parents=True, exist_ok=True)
+    ctl = Controller(work / "flood", sizes.heartbeat)
+    n = sizes.flood_agents
+    try:
+        ctl.start()
+        log(f"flood: controller on {ctl.address}, {n} agents heartbeating every {sizes.heartbeat}s")
+        ctl.apply(messages.environment_yaml(messages.BENCH_ENV, messages.BENCH_STEPS))
+        token = ctl.token(messages.BENCH_ENV, uses=n + 10)
+        files = enroll_all(ctl.work, ctl, "flood", n, token)
+        flooder_files = enroll_all(ctl.work, ctl, "flooder", 1, token)
+        fleet = Sims(ctl.work, "flood-fleet", len(files))
+        flooder = Sims(ctl.work, "flooder", 1)
+        try:
+            fleet.call(lambda i: {"cmd": "load", "files": [files[i]]})
+            flooder.call({"cmd": "load", "files": flooder_files})
+            result = measure_flood(ctl, sizes, fleet, flooder)
+        finally:
+            flooder.close()
+            fleet.close()
+        emit(flood_figure(sizes, result))
+    except Exception as exc:
+        failure = {"error": _failure(exc)}
+        emit(Figure("flood.heartbeat_rtt_p99_ms", None, "ms", None, "", False, detail=failure))
+    finally:
+        ctl.stop()
+
+
+def measure_flood(ctl: Controller, sizes: Sizes, fleet: Sims, flooder: Sims) -> FloodResult:
+    out = FloodResult()
+    n = sizes.flood_agents
+    connect(fleet, ctl, bare=False, provision=True)
+    fleet.wait(
+        "flood: every agent streaming and provisioned",
+        lambda s: s["streaming"] == n and s["provisioned"] == n,
+        timeout=n / 25 + 120,
+    )
+    fleet.call({"cmd": "probe", "on": True})
+    time.sleep(sizes.heartbeat + 1)  # every agent has had a heartbeat with a probe
+    c0, t0 = ctl.p.cpu_seconds(), time.monotonic()
+    out.quiet = probe_window(fleet, sizes.flood_window)
+    out.quiet_cpu = 100 * (ctl.p.cpu_seconds() - c0) / (time.monotonic() - t0)
+
+    connect(flooder, ctl, bare=False, provision=False)
+    flooder.wait("flood: the flooding agent streaming", lambda s: s["streaming"] == 1, 120)
+    flooder.call({"cmd": "flood", "lines_per_event": FLOOD_LINES, "window": FLOOD_WINDOW_EVENTS})
+    time.sleep(2)  # warm up
+    f0, c0, t0, fc0 = flooder.stats(), ctl.p.cpu_seconds(), time.monotonic(), flooder.procs[0].cpu_seconds()
+    out.loud = probe_window(fleet, sizes.flood_window)
+    f1, c1, t1, fc1 = flooder.stats(), ctl.p.cpu_seconds(), time.monotonic(), flooder.procs[0].cpu_seconds()
+    out.flooder_cpu = 100 * (fc1 - fc0) / (t1 - t0)
+    flooder.call({"cmd": "flood", "on": False})
+    out.loud_cpu = 100 * (c1 - c0) / (t1 - t0)
+    out.flood_lines_per_s = (f1["lines_acked"] - f0["lines_acked"]) / (t1 - t0)
+    out.flood_errors = f1["errors"]
+    out.fleet_errors = fleet.stats()["errors"]
+    return out
+
+
+def flood_figure(sizes: Sizes, r: FloodResult) -> Figure:
+    q99, l99 = p99(r.quiet), p99(r.loud)
+    ratio = l99 / q99 if q99 else None
+    log(
+        f"  flood: heartbeat round trip p99 {q99:.1f} ms unloaded ({len(r.quiet)} probes), "
+        f"{l99:.1f} ms with one agent flooding {r.flood_lines_per_s:.0f} lines/s ({len(r.loud)} probes)"
+    )
+    return Figure(
+        "flood.heartbeat_rtt_p99_ms",
+        l99,
+        "ms",
+        q99,
+        f"ratio <= {FLOOD_TARGET:g} (flooded / unloaded, {sizes.flood_agents} agents)",
+        ratio is not None and ratio <= FLOOD_TARGET and len(r.loud) > 0,
+        ratio=ratio,
+        detail={
+            "agents": sizes.flood_agents,
+            "heartbeat_seconds": sizes.heartbeat,
+            "window_s": sizes.flood_window,
+            "probes_unloaded": len(r.quiet),
+            "probes_flooded": len(r.loud),
+            "p50_unloaded_ms": statistics.median(r.quiet) if r.quiet else None,
+            "p50_flooded_ms": statistics.median(r.loud) if r.loud else None,
+            "flood_lines_acked_per_s": r.flood_lines_per_s,
+            "flood_lines_per_event": FLOOD_LINES,
+            "flood_client_errors": json.dumps(r.flood_errors),
+            "fleet_client_errors": json.dumps(r.fleet_errors),
+            "controller_cpu_pct_unloaded": r.quiet_cpu,
+            "controller_cpu_pct_flooded": r.loud_cpu,
+            "flooding_client_cpu_pct": r.flooder_cpu,
+            "what": "heartbeat, then a one-event batch on the same stream; round trip = until its ack",
+        },
+    )
+
+
 # -- agent overhead -------------------------------------------------------------------------------
 
 
@@ -840,4 +1000,4 @@ def bare_python_rss() -> float:
     return int(out.stdout.strip()) / 1024
 
 
-__all__ = ["FULL", "MAX_AGENTS_PER_SIM", "QUICK", "Sizes", "run_bare", "run_controller"]
+__all__ = ["FULL", "MAX_AGENTS_PER_SIM", "QUICK", "Sizes", "run_bare", "run_controller", "run_flood"]

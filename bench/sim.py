@@ -31,6 +31,7 @@ from bench import messages
 from nodeagent import __version__, wire
 from nodeagent.channel import KEEPALIVE_OPTIONS
 from nodeagent.identity import CONTROLLER_SERVER_NAME, generate_key, make_csr
+from nodeagent.limits import EVENT_BATCH_BYTES
 from nodeagent.session import EVENT_BATCH, Backoff
 
 try:
@@ -58,6 +59,7 @@ class Config:
     backoff_cap = 30.0
     heartbeat_override = 0.0
     connecting: asyncio.Semaphore | None = None
+    probe = False  # each heartbeat is followed by a one-event batch whose ack times the round trip
 
 
 class Agent:
@@ -91,6 +93,7 @@ class Agent:
         self.phase = "idle"  # backoff | channel | hello | streaming (for the debug command)
         self.attempts = 0
         self.last_ack = 0.0
+        self.probes: dict[int, float] = {}  # seq of a probe event -> when its heartbeat was due
 
     # -- outbox ---------------------------------------------------------------------------------
 
@@ -103,8 +106,13 @@ class Agent:
 
     def ack(self, seq: int) -> None:
         sim = self.sim
+        now = time.monotonic()
         while self.pending and self.pending[0].seq <= seq:
-            self.pending.popleft()
+            done = self.pending.popleft()
+            if self.probes:
+                due = self.probes.pop(done.seq, None)
+                if due is not None:
+                    sim.rtts.append(now - due)
             sim.lines_acked += self.pending_lines.popleft()
             sim.events_acked += 1
         self.acked = max(self.acked, seq)
@@ -226,7 +234,7 @@ class Agent:
                     await call.write(sim.health)
                     sim.heartbeats += 1
                 if self.pending and self.pending[-1].seq > self.last_sent:
-                    batch = [e for e in self.pending if e.seq > self.last_sent][:EVENT_BATCH]
+                    batch = self.next_batch()
                     # Recorded before the write: the ack can arrive before the write returns.
                     self.last_sent = batch[-1].seq
                     self.sent_msgs.append(self.last_sent)
@@ -238,6 +246,20 @@ class Agent:
             call.cancel()
             raise
 
+    def next_batch(self) -> list[common_pb2.Event]:
+        """The unsent events, at most EVENT_BATCH of them and EVENT_BATCH_BYTES encoded (as the agent)."""
+        batch: list[common_pb2.Event] = []
+        size = 0
+        for e in self.pending:
+            if e.seq <= self.last_sent:
+                continue
+            cost = e.ByteSize() + 8  # its tag and length in the batch
+            if batch and (len(batch) >= EVENT_BATCH or size + cost > EVENT_BATCH_BYTES):
+                break
+            batch.append(e)
+            size += cost
+        return batch
+
     def schedule_heartbeat(self, delay: float) -> None:
         if self.hb_timer is not None:
             self.hb_timer.cancel()
@@ -247,6 +269,11 @@ class Agent:
         if not self.streaming:
             return
         self.hb_due = True
+        if Config.probe:
+            self.probes[self.next_seq] = time.monotonic()
+            self.append(
+                common_pb2.Event(kind=common_pb2.EVENT_KIND_INFO, time_ms=_now_ms(), message="probe"), 0
+            )
         self.wake.set()
         self.schedule_heartbeat(self.hb_interval)
 
@@ -299,6 +326,19 @@ class Agent:
                 e.time_ms = _now_ms()
                 self.append(e, lines)
 
+    async def flood(self, template: common_pb2.Event, lines: int, window: int) -> None:
+        """A misbehaving agent: output as fast as the stream takes it, ``window`` events ahead of acks."""
+        while True:
+            while len(self.pending) >= window:
+                self.acked_event.clear()
+                await self.acked_event.wait()
+            while len(self.pending) < window:
+                e = common_pb2.Event()
+                e.CopyFrom(template)
+                e.time_ms = _now_ms()
+                self.append(e, lines)
+            await asyncio.sleep(0)
+
     async def periodic(self, interval: float, lines: tuple[str, ...]) -> None:
         """One output event every ``interval`` seconds, each with a unique id in its message."""
         await asyncio.sleep(random.uniform(0, interval))
@@ -334,6 +374,7 @@ class Sim:
         self.lines_acked = 0
         self.event_msgs = 0
         self.closed_streams = 0
+        self.rtts: list[float] = []
         self.errors: collections.Counter[str] = collections.Counter()
         self.prepared: list[tuple[str, bytes, bytes]] = []
 
@@ -370,6 +411,7 @@ class Sim:
         errors: collections.Counter[str] = collections.Counter()
         first_error = ""
         anon_key, anon_cert = anonymous.key_pem(), anonymous.CERT_PEM
+        retry_exhausted = bool(cmd.get("retry_exhausted"))
 
         async def worker() -> None:
             nonlocal first_error
@@ -395,6 +437,10 @@ class Sim:
                         )
                         reply = await rpc(request, timeout=60)
                 except grpc.aio.AioRpcError as exc:
+                    if retry_exhausted and exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                        queue.append((name, key, csr))  # over the enrollment rate: try again shortly
+                        await asyncio.sleep(0.2)
+                        continue
                     errors[exc.code().name] += 1
                     first_error = first_error or f"{exc.code().name}: {exc.details()}"
                     continue
@@ -512,6 +558,33 @@ class Sim:
             for a in self.agents[:count]:
                 a.producer = asyncio.create_task(a.burst(template, len(lines), per_batch, window))
         return {"producers": sum(1 for a in self.agents if a.producer is not None)}
+
+    async def cmd_flood(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        """Every agent of this process floods output (``lines_per_event`` lines, ``window`` events ahead)."""
+        self._stop_producers()
+        if cmd.get("on", True):
+            lines = messages.output_lines(int(cmd["lines_per_event"]))
+            template = common_pb2.Event(
+                kind=common_pb2.EVENT_KIND_OUTPUT,
+                step="custom-flood",
+                digest="0" * 64,
+                attempt=1,
+                lines=lines,
+                plan_generation=1,
+            )
+            for a in self.agents:
+                a.producer = asyncio.create_task(a.flood(template, len(lines), int(cmd["window"])))
+        return {"producers": sum(1 for a in self.agents if a.producer is not None)}
+
+    async def cmd_probe(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        """Probes on or off; ``collect``: the round trips measured since the last collect (seconds)."""
+        if "on" in cmd:
+            Config.probe = bool(cmd["on"])
+            if not Config.probe:
+                for a in self.agents:
+                    a.probes.clear()
+        rtts, self.rtts = (self.rtts, []) if cmd.get("collect") else ([], self.rtts)
+        return {"rtts": rtts, "probing": Config.probe}
 
     async def cmd_periodic(self, cmd: dict[str, Any]) -> dict[str, Any]:
         self._stop_producers()
