@@ -13,6 +13,7 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -73,11 +74,11 @@ def node_channel(controller: Controller, agent: Agent, cert_pem: bytes | None = 
 
 
 @contextlib.contextmanager
-def raw_stream(channel: grpc.Channel) -> Iterator[tuple[queue.Queue[object], Iterator[object]]]:
+def raw_stream(channel: grpc.Channel) -> Iterator[tuple[queue.Queue[Any], Iterator[Any]]]:
     """An open Connect call: put AgentMessages on the queue (None ends it), read the replies."""
-    outgoing: queue.Queue[object] = queue.Queue()
+    outgoing: queue.Queue[Any] = queue.Queue()
 
-    def requests() -> Iterator[object]:
+    def requests() -> Iterator[Any]:
         while (msg := outgoing.get()) is not None:
             yield msg
 
