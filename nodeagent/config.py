@@ -2,7 +2,13 @@
 
 ``load`` reports every problem at once. The join token may be given inline,
 in a separate 0600 file (``token_file``), or by the environment variable
-``TETHER_JOIN_TOKEN``; it is only needed until the node has enrolled.
+``TETHER_JOIN_TOKEN`` (what ``tetherctl token create --print-join-command``
+prints: no secret on the agent's command line); it is only needed until the
+node has enrolled.
+
+Paths are made absolute here, at the edge: a relative one in a config file is
+relative to that file's directory, one given as a flag to the working directory
+(steps run elsewhere, and would not find a relative state directory).
 """
 
 from __future__ import annotations
@@ -20,6 +26,8 @@ from nodeagent.secrets import Secret
 
 DEFAULT_CONFIG = Path("/etc/tether/agent.yaml")
 DEFAULT_STATE_DIR = Path("/var/lib/tether")
+TOKEN_ENV = "TETHER_JOIN_TOKEN"  # noqa: S105 (the name of the variable, not a token)
+PATH_KEYS = ("state_dir", "token_file")
 
 
 @dataclass(frozen=True)
@@ -74,9 +82,15 @@ def load(path: Path | None, overrides: Mapping[str, Any], env: Mapping[str, str]
         for key in sorted(set(doc) - KNOWN_KEYS):
             problems.append(f"{path}: unknown setting {key!r}")
         values.update({k: v for k, v in doc.items() if k in KNOWN_KEYS})
-    if env.get("TETHER_JOIN_TOKEN"):
-        values["token"] = env["TETHER_JOIN_TOKEN"]
+        for key in PATH_KEYS:
+            if values.get(key):
+                values[key] = path.absolute().parent / Path(str(values[key]))
+    if env.get(TOKEN_ENV):
+        values["token"] = env[TOKEN_ENV]
     values.update({k: v for k, v in overrides.items() if v is not None})
+    for key in PATH_KEYS:
+        if values.get(key):
+            values[key] = Path(str(values[key])).absolute()
 
     token_value = str(values.pop("token", "") or "")
     token_file = values.pop("token_file", None)

@@ -1,11 +1,16 @@
 """``tether-agent``: the node agent's command line.
 
-tether-agent run [--config FILE] [--controller HOST:PORT --token TOKEN --ca-hash sha256:HEX]
+TETHER_JOIN_TOKEN=TOKEN tether-agent run [--config FILE] [--controller HOST:PORT --ca-hash sha256:HEX]
                  [--state-dir DIR] [--node-name NAME]
 tether-agent validate-config [--config FILE] [flags]
 tether-agent status [--state-dir DIR]
 tether-agent facts
 tether-agent version
+
+The join token never stays on the agent's command line or in its environment: the agent takes
+it out of ``os.environ`` once read (steps never inherit it), and execs itself again without
+``--token`` and without ``TETHER_JOIN_TOKEN`` once enrolled (or at once, when it already was), so
+``/proc/PID/cmdline`` and ``/proc/PID/environ`` of the running agent do not hold it.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from nodeagent import __version__, facts, logs
-from nodeagent.config import DEFAULT_CONFIG, AgentConfig, load
+from nodeagent.config import DEFAULT_CONFIG, TOKEN_ENV, AgentConfig, load
 from nodeagent.errors import AgentError
 
 
@@ -35,7 +40,10 @@ def _parser() -> argparse.ArgumentParser:
             "--config", type=Path, help=f"YAML config file (default {DEFAULT_CONFIG} if it exists)"
         )
         sp.add_argument("--controller", help="controller address HOST:PORT")
-        sp.add_argument("--token", help="join token (used once, ignored after enrollment)")
+        sp.add_argument(
+            "--token",
+            help=f"join token (used once; prefer {TOKEN_ENV}=TOKEN or --token-file: not on a command line)",
+        )
         sp.add_argument("--token-file", help="file holding the join token (mode 0600)")
         sp.add_argument("--ca-hash", help="sha256:HEX of the controller CA public key")
         sp.add_argument("--state-dir", type=Path, help="state directory (default /var/lib/tether)")
@@ -94,11 +102,38 @@ async def _run(config: AgentConfig) -> bool:
     return agent.reexec and not task.cancelled()
 
 
+def scrubbed_argv(argv: list[str]) -> list[str]:
+    """``argv`` without ``--token VALUE`` / ``--token=VALUE`` (``--token-file`` stays)."""
+    out: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--token":
+            skip = True
+        elif not arg.startswith("--token="):
+            out.append(arg)
+    return out
+
+
 def _reexec() -> None:
-    """Replace this process with a fresh run of the same command line (same PID for systemd)."""
+    """Replace this process with a fresh run of the same command line (same PID for systemd).
+
+    Without the join token: not in the arguments, not in the environment.
+    """
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])  # noqa: S606 (our own argv, no shell)
+    argv = [sys.executable, *scrubbed_argv(sys.orig_argv[1:])]
+    env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}
+    os.execve(sys.executable, argv, env)  # noqa: S606 (our own argv, no shell)
+
+
+def _token_held(config: AgentConfig, token_in_env: bool) -> bool:
+    """Whether this process still shows a join token (argv or environ) that it no longer needs."""
+    from nodeagent.identity import IdentityStore
+
+    shown = token_in_env or scrubbed_argv(sys.orig_argv) != sys.orig_argv
+    return shown and IdentityStore(config.state_dir).exists()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -120,14 +155,19 @@ def main(argv: list[str] | None = None) -> int:
         except BrokenPipeError:
             return 0
         return 0
+    token_in_env = TOKEN_ENV in os.environ
     try:
         config = _load_config(args)
     except AgentError as exc:
         print(f"tether-agent: {exc}", file=sys.stderr)
         return 2
+    finally:
+        os.environ.pop(TOKEN_ENV, None)  # read once: no step, no child process inherits it
     if args.command == "validate-config":
         print("valid")
         return 0
+    if argv is None and _token_held(config, token_in_env):
+        _reexec()  # enrolled already: the token is not needed, so it does not stay on show either
     logs.configure(config.log_level)
     _use_pidfd_child_watcher()
     try:

@@ -135,18 +135,18 @@ class Runner:
         batch_interval: float = 0.25,
         batch_lines: int = 500,
     ) -> None:
-        self.scripts_dir = scripts_dir
+        self.scripts_dir = scripts_dir.absolute()  # bash runs it from another working directory
         self.redactor = redactor
         self.base_env = dict(base_env if base_env is not None else _default_env())
         self.shell = shell
         # Steps share one working directory, so relative paths mean the same thing in every step.
-        self.cwd = cwd
+        self.cwd = cwd.absolute() if cwd is not None else None
         self.batch_interval = batch_interval
         self.batch_lines = batch_lines
         self.current_pgid = 0
         # This agent's mark on its work directories: its own scripts directory, so two agents on
         # one host (two state directories) never take each other's for leftovers.
-        mark = hashlib.sha256(str(scripts_dir.absolute()).encode()).hexdigest()[:12]
+        mark = hashlib.sha256(str(self.scripts_dir).encode()).hexdigest()[:12]
         self.workdir_prefix = f"{WORKDIR_PREFIX}{mark}-"
 
     def script_path(self, step: Step) -> Path:

@@ -45,12 +45,13 @@ def test_print_join_command_is_a_runnable_agent_command(
         "1",
         "--print-join-command",
     ).stdout.strip()
+    # The token goes in the agent's environment, not on its command line (issue 10, item 13).
     m = re.fullmatch(
-        r"tether-agent run --controller (\S+) --token (\S+) --ca-hash (sha256:[0-9a-f]{64})", out
+        r"TETHER_JOIN_TOKEN=(\S+) tether-agent run --controller (\S+) --ca-hash (sha256:[0-9a-f]{64})", out
     )
     assert m, out
-    assert m.group(1) == controller.address and m.group(3) == ca_hash(controller)
-    agents("joined").start(m.group(2), m.group(3))
+    assert m.group(2) == controller.address and m.group(3) == ca_hash(controller)
+    agents("joined").start(m.group(1), m.group(3))
     wait_state(controller, ["joined"], "provisioned")
 
 

@@ -189,3 +189,13 @@ async def test_leftover_work_directories_of_this_agent_only_are_removed_at_start
     (rt / "unrelated").mkdir()
     assert mine.remove_leftover_workdirs() == 1
     assert workdirs(rt) == sorted([f"{theirs.workdir_prefix}live", "unrelated"])
+
+
+async def test_relative_directories_still_run_the_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    runner = Runner(Path("state/scripts"), Redactor(), cwd=Path("state/workspace"), batch_interval=0.05)
+    sink = Sink()
+    result = await runner.run(Step(name="s", script="echo ok\n").sealed(), sink)
+    assert result.ok and sink.lines == ["ok"], (result, sink.lines)
