@@ -20,11 +20,13 @@ MASK = "[REDACTED]"
 # Anything shorter is too likely to appear by chance (and too weak to be a real secret).
 MIN_SECRET_LEN = 6
 # Secret shapes masked even before the value is known; a group named "s" is the part masked.
+# Flags whose value is a secret.
+_CARRIER_FLAGS = "--(?:token|discovery-token|tls-bootstrap-token|certificate-key)"
 SHAPES: tuple[re.Pattern[str], ...] = (
     # A kubeadm bootstrap token (id.16) or a tether join token (id.32): an id and at least 16 more.
     re.compile(r"(?<![a-z0-9])[a-z0-9]{6}\.[a-z0-9]{16,}"),
     # Whatever follows a flag that carries a secret, in either form (space or "=").
-    re.compile(r"(?<![\w-])--(?:token|certificate-key)(?:=|[ \t]+)['\"]?(?P<s>[^\s'\"]+)"),
+    re.compile(r"(?<![\w-])" + _CARRIER_FLAGS + r"(?:=|[ \t]+)['\"]?(?P<s>[^\s'\"]+)"),
     # A certificate key printed on its own (kubeadm: "Using certificate key:" then the value).
     re.compile(r"(?i)certificate[ _-]key[\"']?:?[ \t]*(?P<s>[a-f0-9]{64})"),
 )
@@ -33,7 +35,7 @@ SHAPES: tuple[re.Pattern[str], ...] = (
 # the next line's first word is it).
 _ID_TAIL = re.compile(r"(?<![a-z0-9])[a-z0-9]{6}\.[ \t]*$")
 _TOKEN_REST = re.compile(r"^([ \t]*)[a-z0-9]{16}(?:[a-z0-9]{16})?(?![a-z0-9])")
-_VALUE_TAIL = re.compile(r"(?:(?<![\w-])--(?:token|certificate-key)=?|(?i:certificate[ _-]key:?))[ \t]*$")
+_VALUE_TAIL = re.compile(r"(?:(?<![\w-])" + _CARRIER_FLAGS + r"=?|(?i:certificate[ _-]key:?))[ \t]*$")
 _FIRST_WORD = re.compile(r"^([ \t]*)\S+")
 
 

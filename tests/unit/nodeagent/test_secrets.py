@@ -136,6 +136,7 @@ def test_flags_carrying_secrets_are_masked_with_equals_as_with_a_space() -> None
         f"kubeadm join --certificate-key {key}",
         f"kubeadm join --token={TOKEN}",
         f"kubeadm join --token='{TOKEN}'",
+        f"kubeadm join --discovery-token={TOKEN} --tls-bootstrap-token {TOKEN}",
         f"[upload-certs] Using certificate key: {key}",
     ):
         out = r.redact(line)
