@@ -91,15 +91,25 @@ class AdminRegistry:
 
 
 def event_from_pb(msg: Any) -> BootstrapEvent:
+    """A controller's bootstrap event; one this tetherctl cannot read is a ``ControllerError``."""
+    try:
+        step = Step(msg.step)
+        kind = EventKind[msg.kind.upper()]
+        outcome = Outcome(msg.outcome) if msg.outcome else None
+    except (KeyError, ValueError):
+        raise ControllerError(
+            f"the controller sent a bootstrap event this tetherctl does not know (step {msg.step!r}, "
+            f"kind {msg.kind!r}, outcome {msg.outcome!r}): use a tetherctl as new as the controller"
+        ) from None
     return BootstrapEvent(
         target=msg.target,
         node=msg.node or msg.target,
-        step=Step(msg.step),
-        kind=EventKind[msg.kind.upper()],
+        step=step,
+        kind=kind,
         message=msg.message,
         time_ms=msg.time_ms,
         detected=wire.facts_from_pb(msg.detected) if msg.HasField("detected") else None,
-        outcome=Outcome(msg.outcome) if msg.outcome else None,
+        outcome=outcome,
         retryable=msg.retryable,
     )
 

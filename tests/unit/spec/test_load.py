@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from controller.cli import commands
+from controller.limits import MAX_DOCUMENT_BYTES
 from controller.spec import SpecError, inline_local_files, load_document
 
 HOLODECK = """\
@@ -285,11 +286,15 @@ def test_inline_local_files_reports_every_bad_file(tmp_path: Path) -> None:
 def test_cli_validate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     good = tmp_path / "env.yaml"
     good.write_text(HOLODECK)
-    assert commands.env_validate(argparse.Namespace(file=str(good))) == 0
+    assert (
+        commands.env_validate(argparse.Namespace(file=str(good), max_document_bytes=MAX_DOCUMENT_BYTES)) == 0
+    )
     assert capsys.readouterr().out == "valid\n"
     bad = tmp_path / "bad.yaml"
     bad.write_text(HOLODECK.replace("name: containerd", "name: podman").replace('branch: "570"', "branch: x"))
-    assert commands.env_validate(argparse.Namespace(file=str(bad))) == 1
+    assert (
+        commands.env_validate(argparse.Namespace(file=str(bad), max_document_bytes=MAX_DOCUMENT_BYTES)) == 1
+    )
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 2 and all(line.startswith("spec.") for line in lines)
 
