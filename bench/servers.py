@@ -82,6 +82,9 @@ class Bare(Server):
             str(self.pki),
             "--heartbeat-seconds",
             str(self.heartbeat),
+            # The enrollment figure measures capacity, not the default rate limit (50/s).
+            "--enroll-rate",
+            "100000",
         ]
 
     @property

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from controller.limits import ENROLL_RATE_PER_SECOND
 from nodeagent.limits import MAX_DOCUMENT_BYTES
 
 
@@ -21,3 +22,5 @@ class ControllerConfig:
     offline_after_seconds: float = 90.0
     # An environment document larger than this is refused (the receive limit follows it).
     max_document_bytes: int = MAX_DOCUMENT_BYTES
+    # Enrollments accepted per second, all callers together (the anonymous identity is public).
+    enroll_rate_per_second: float = ENROLL_RATE_PER_SECOND

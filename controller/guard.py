@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
+from controller.config import ControllerConfig
 from controller.limits import (
     ANONYMOUS_CONCURRENCY,
     ANONYMOUS_WAIT_SECONDS,
@@ -53,6 +54,13 @@ class Oversize:
     """What the deserializer hands on instead of a message that is over the limit."""
 
     size: int
+
+
+def enroll_bucket(config: ControllerConfig) -> TokenBucket:
+    """The enrollment rate limit, from ``tether-controller serve --enroll-rate``."""
+    return TokenBucket(
+        rate=config.enroll_rate_per_second, burst=max(ENROLL_BURST, config.enroll_rate_per_second)
+    )
 
 
 def _bounded(deserialize: Callable[[bytes], Any] | None, limit: int) -> Callable[[bytes], Any]:

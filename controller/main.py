@@ -1,7 +1,7 @@
 """``tether-controller``: run the controller.
 
 tether-controller serve [--listen HOST:PORT] [--data-dir DIR] [--advertise HOST:PORT] [--san NAME ...]
-                        [--max-document-bytes N]
+                        [--max-document-bytes N] [--enroll-rate PER_SECOND]
 tether-controller admin issue --name NAME [--role admin|read-only] [--days N] --out FILE
 tether-controller admin list | revoke (--name NAME | --fingerprint PREFIX)
 """
@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from controller.config import ControllerConfig
+from controller.limits import ENROLL_RATE_PER_SECOND
 from nodeagent import logs
 from nodeagent.limits import MAX_DOCUMENT_BYTES
 
@@ -28,6 +29,16 @@ def _positive(text: str) -> int:
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of bytes") from None
     if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be more than 0")
+    return value
+
+
+def _positive_rate(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a rate (per second)") from None
+    if not value > 0:
         raise argparse.ArgumentTypeError(f"{text!r} must be more than 0")
     return value
 
@@ -56,6 +67,12 @@ def _parser() -> argparse.ArgumentParser:
         type=_positive,
         default=MAX_DOCUMENT_BYTES,
         help="largest environment document accepted (the message size limit follows it)",
+    )
+    s.add_argument(
+        "--enroll-rate",
+        type=_positive_rate,
+        default=ENROLL_RATE_PER_SECOND,
+        help="enrollments accepted per second, all callers together (a fleet coming up at once: raise it)",
     )
     s.add_argument("--log-level", default="info")
     admin = sub.add_parser("admin", help="admin credentials").add_subparsers(dest="verb", required=True)
@@ -144,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         node_cert_days=args.node_cert_days,
         log_level=args.log_level,
         max_document_bytes=args.max_document_bytes,
+        enroll_rate_per_second=args.enroll_rate,
     )
 
     def ready(address: str) -> None:

@@ -24,7 +24,7 @@ from controller.auth import Authenticator
 from controller.ca import CertificateAuthority
 from controller.cluster.orchestrator import Orchestrator
 from controller.config import ControllerConfig
-from controller.guard import Guard
+from controller.guard import Guard, enroll_bucket
 from controller.hub import Hub
 from controller.listen import ListenError, preflight
 from controller.planner import Planner
@@ -84,7 +84,10 @@ class Controller:
             root_certificates=ca.cert_pem + anonymous.CERT_PEM,
             require_client_auth=True,
         )
-        server = grpc.aio.server(options=server_options(config.max_document_bytes), interceptors=[Guard()])
+        server = grpc.aio.server(
+            options=server_options(config.max_document_bytes),
+            interceptors=[Guard(enroll=enroll_bucket(config))],
+        )
         bound = server.add_secure_port(config.listen, creds)
         if bound == 0:  # taken between the pre-flight and now
             await store.close()

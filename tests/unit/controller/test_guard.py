@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -146,3 +147,14 @@ def test_streams_of_open_methods_are_size_checked_per_message() -> None:
     got, code = asyncio.run(main())
     assert got == [b"small"]
     assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+def test_the_enrollment_rate_follows_the_serve_flag(tmp_path: Path) -> None:
+    from controller.config import ControllerConfig
+    from controller.guard import enroll_bucket
+    from controller.main import _parser
+
+    args = _parser().parse_args(["serve", "--enroll-rate", "500"])
+    bucket = enroll_bucket(ControllerConfig(data_dir=tmp_path, enroll_rate_per_second=args.enroll_rate))
+    assert bucket.rate == 500 and sum(bucket.take(now=bucket.stamp) for _ in range(600)) == 500
+    assert _parser().parse_args(["serve"]).enroll_rate == 50.0
