@@ -37,7 +37,8 @@ from controller.refusals import REFUSALS
 from controller.rpc import unary
 from controller.store.records import NodeRecord
 from nodeagent import logs
-from nodeagent.model import HostFacts, Plan, now_ms
+from nodeagent.model import Event, HostFacts, Plan, now_ms
+from nodeagent.secrets import LineRedactor, Redactor
 
 log = logs.get_logger("tether.controller.agents")
 HEALTH_PERSIST_SECONDS = 60.0
@@ -334,9 +335,12 @@ class AgentService(wire.AgentServiceServicer):
 
     async def _events(self, node: NodeRecord, session: Session, raw: Any) -> None:
         """Store a batch: over-quota output summarised first (never redacted, never stored), then
-        the rest redacted; acknowledge the contiguous mark and pass the batch on."""
+        the rest redacted; acknowledge the contiguous mark and pass the batch on.
+
+        A node over its quota is also read more slowly: the pause holds its stream back through
+        HTTP/2 flow control, so a flood costs the controller little and the other nodes nothing.
+        """
         app = self.app
-        redact = app.redactor.redact
         events, dropped = self.quotas.apply(node.name, [wire.event_from_pb(m) for m in raw])
         if dropped:
             REFUSALS.refused(
@@ -344,17 +348,14 @@ class AgentService(wire.AgentServiceServicer):
             )
         for i, e in enumerate(events):
             if e.lines or e.message or e.observed:
-                events[i] = replace(
-                    e,
-                    lines=tuple(redact(line) for line in e.lines),
-                    message=redact(e.message),
-                    observed={k: redact(v) for k, v in e.observed.items()},
-                )
+                events[i] = _redacted(e, app.redactor)
         stored = await app.store.append_events(node.name, events)
         session.send(wire.agent.ControllerMessage(ack=wire.agent.Ack(seq=stored)))
         # A generator: the copies are made only when someone follows this node's events.
         app.hub.publish(node.name, node.environment, (replace(e, node=node.name) for e in events))
         await app.cluster.on_events(node, events)
+        if dropped:
+            await asyncio.sleep(self.quotas.pause(node.name))
 
     async def _save_health(self, node: NodeRecord, session: Session) -> None:
         """The first report of a stream, then one a minute, goes to the store."""
@@ -394,3 +395,14 @@ async def _abort(context: Any, exc: ControllerError) -> None:
     if isinstance(exc, ResourceExhausted) and exc.retry_after_s:
         metadata = (("retry-after-seconds", str(math.ceil(exc.retry_after_s))),)
     await context.abort(exc.code, str(exc), trailing_metadata=metadata)
+
+
+def _redacted(e: Event, redactor: Redactor) -> Event:
+    """``e`` with every known secret masked, a secret split across two of its lines included."""
+    lines = LineRedactor(redactor)
+    return replace(
+        e,
+        lines=tuple(lines.redact(line)[0] for line in e.lines),
+        message=redactor.redact(e.message),
+        observed={k: redactor.redact(v) for k, v in e.observed.items()},
+    )

@@ -41,6 +41,7 @@ NODE_EVENTS_PER_SECOND = 1000.0
 NODE_EVENTS_BURST = 20_000
 NODE_RENEWALS_PER_HOUR = 6.0  # certificate renewals
 NODE_CONNECTS_PER_MINUTE = 30.0  # stream (re)opens
+QUOTA_PAUSE_SECONDS = 1.0  # longest pause in reading a node over its output quota (backpressure)
 
 # -- admin side --------------------------------------------------------------------------------
 FOLLOWER_QUEUE_BYTES = 8 * MiB  # events queued for one FollowEvents call; over it, it is cut off

@@ -18,9 +18,10 @@ from controller.limits import (
     NODE_OUTPUT_BURST_BYTES,
     NODE_OUTPUT_BYTES_PER_SECOND,
     NODE_RENEWALS_PER_HOUR,
+    QUOTA_PAUSE_SECONDS,
     TokenBucket,
 )
-from nodeagent.limits import KiB, MiB
+from nodeagent.limits import EVENT_BATCH_BYTES, KiB, MiB
 from nodeagent.model import Event
 
 QUOTA_MARKER = "[tether: {lines} lines, {size} of output dropped: node over its output quota]"
@@ -107,6 +108,11 @@ class NodeQuotas:
         """0 when ``node`` may open a stream now, else the seconds to wait."""
         bucket = self.buckets(node).connects
         return 0.0 if bucket.take() else retry_after(bucket)
+
+    def pause(self, node: str) -> float:
+        """How long to stop reading from ``node`` after it went over its output quota: until the
+        quota holds a full batch again, at most ``QUOTA_PAUSE_SECONDS``."""
+        return min(QUOTA_PAUSE_SECONDS, retry_after(self.buckets(node).output, EVENT_BATCH_BYTES))
 
     def forget(self, node: str) -> None:
         self._nodes.pop(node, None)

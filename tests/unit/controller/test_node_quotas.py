@@ -88,6 +88,50 @@ async def test_output_over_the_node_quota_is_summarised_and_seq_stays_contiguous
     assert ack.ack.seq == 3
 
 
+async def test_a_node_over_its_output_quota_is_read_more_slowly(
+    service: tuple[AgentService, SqliteStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Backpressure: after a batch that went over the quota the reader pauses (HTTP/2 flow control
+    then holds the flooding node back); a batch within the quota never pauses."""
+    import asyncio
+
+    from controller import agent_service
+    from controller.limits import EVENT_BATCH_BYTES, QUOTA_PAUSE_SECONDS
+
+    svc, store = service
+    pauses: list[float] = []
+    real_sleep = asyncio.sleep
+
+    async def sleep(seconds: float) -> None:
+        pauses.append(seconds)
+        await real_sleep(0)
+
+    monkeypatch.setattr(agent_service.asyncio, "sleep", sleep)
+    node = store.get_node("n1")
+    assert node is not None
+    svc.quotas.buckets("n1").output = TokenBucket(rate=EVENT_BATCH_BYTES / 4, burst=5_000)
+    await svc._events(node, Session("n1", "e"), [output(1, 10)])
+    assert pauses == []  # within the quota
+    await svc._events(node, Session("n1", "e"), [output(2, 100)])
+    assert pauses == [QUOTA_PAUSE_SECONDS]  # a full batch needs 4 s of quota: capped
+
+
+async def test_a_secret_split_across_two_output_lines_is_masked_before_storing(
+    service: tuple[AgentService, SqliteStore],
+) -> None:
+    svc, store = service
+    node = store.get_node("n1")
+    assert node is not None
+    canary = "abcdef." + "q" * 16
+    lines = ("kubeadm join 10.0.0.1:6443 --token", canary, "done " + canary[:7], canary[7:])
+    from controller import wire
+
+    batch = [wire.event_to_pb(Event(kind=EventKind.OUTPUT, step="s", seq=1, lines=lines))]
+    await svc._events(node, Session("n1", "e"), batch)
+    dump = "\n".join(store.list_events("n1")[0].lines)
+    assert "q" * 16 not in dump and canary not in dump
+
+
 async def test_renewals_are_rate_limited_per_node(service: tuple[AgentService, SqliteStore]) -> None:
     svc, store = service
     node = store.get_node("n1")
