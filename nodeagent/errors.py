@@ -6,6 +6,8 @@ Hierarchy::
     ├── ConfigError            bad configuration (flags, file, state directory)
     ├── EnrollError            the controller refused enrollment (never retried)
     ├── IdentityError          key, certificate or CA pin missing or wrong
+    ├── StateError             the state database cannot be opened (corrupt, unreadable)
+    ├── TaskFailed             a long-lived task failed: the agent exits, systemd restarts it
     └── ControllerUnavailable  the controller could not be reached (retryable)
 """
 
@@ -28,6 +30,14 @@ class EnrollError(AgentError):
 
 class IdentityError(AgentError):
     """The stored identity or the pinned controller CA is unusable."""
+
+
+class StateError(AgentError):
+    """The state database is unusable; the message names the file and what to do."""
+
+
+class TaskFailed(AgentError):
+    """A long-lived task of the agent failed (one line); the agent exits non-zero."""
 
 
 class ControllerUnavailable(AgentError):

@@ -32,10 +32,11 @@ from nodeagent.errors import AgentError, ControllerUnavailable, EnrollError, Ide
 from nodeagent.executor import Executor, scripts_dir
 from nodeagent.identity import Identity, IdentityStore, make_csr
 from nodeagent.limits import EVENT_BATCH_COUNT
-from nodeagent.model import Step
+from nodeagent.model import Event, EventKind, Step
 from nodeagent.runner import Runner
 from nodeagent.secrets import PROCESS_REDACTOR
 from nodeagent.statedb import StateDB
+from nodeagent.supervise import Supervisor, local_fault
 
 log = logs.get_logger("tether.agent")
 
@@ -94,7 +95,7 @@ class Agent:
         self._unacked_secrets: dict[str, wire.pb.StepSecrets] = {}
         self._streaming = False
         self._ready_sent = False
-        self._background: set[asyncio.Task[None]] = set()
+        self.supervisor = Supervisor(self.state_dir)
         self._renewal_asked_for = 0  # serial of the certificate a renewal was requested for
         self.reexec_after_enrolling = False
         self.reexec = False
@@ -118,7 +119,6 @@ class Agent:
         the caller execs the agent again, which then starts with its identity and without the
         crypto library and enrollment channel (about 15 MiB) held for the rest of its life.
         """
-        tasks: list[asyncio.Task[None]] = []
         try:
             enrolling = not self.identities.exists()
             self.identity = await self._ensure_enrolled()
@@ -126,31 +126,52 @@ class Agent:
                 log.info("enrolled; restarting the agent in place (same PID) to leave enrollment behind")
                 self.reexec = True
                 return
-            logs.bind(node=self.identity.node_name)
-            addresses = await asyncio.to_thread(facts.local_addresses, self.config.controller)
-            self.executor.set_env(
-                {
-                    "TETHER_NODE": self.identity.node_name,
-                    "TETHER_ENVIRONMENT": self.identity.environment,
-                    "TETHER_ROLE": self.identity.role,
-                    # The address this node uses to reach the controller: kubeadm advertises it.
-                    "TETHER_NODE_IP": addresses[0] if addresses else "",
-                }
-            )
-            tasks.append(asyncio.create_task(self.executor.run_forever(), name="executor"))
-            tasks.append(asyncio.create_task(self._health_loop(), name="health"))
-            if systemd.watchdog_interval():
-                tasks.append(asyncio.create_task(self._watchdog_loop(), name="watchdog"))
-            self._notify_ready()
-            await self._connect_forever()
+            await self._start(self.identity)
+            try:
+                await self.supervisor.wait()
+            except AgentError as exc:
+                await self._report_failure(str(exc))
+                raise
         finally:
             self._set_state(AgentState.DRAINING)
-            for t in tasks:
-                t.cancel()
-            for t in tasks:
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await t
+            await self.supervisor.stop()
             self.db.close()
+
+    async def _start(self, identity: Identity) -> None:
+        """Start the long-lived tasks, each under the supervisor."""
+        logs.bind(node=identity.node_name)
+        addresses = await asyncio.to_thread(facts.local_addresses, self.config.controller)
+        self.executor.set_env(
+            {
+                "TETHER_NODE": identity.node_name,
+                "TETHER_ENVIRONMENT": identity.environment,
+                "TETHER_ROLE": identity.role,
+                # The address this node uses to reach the controller: kubeadm advertises it.
+                "TETHER_NODE_IP": addresses[0] if addresses else "",
+            }
+        )
+        self.supervisor.watch(self.executor.run_forever(), "executor")
+        self.supervisor.watch(self._health_loop(), "health")
+        if systemd.watchdog_interval():
+            self.supervisor.watch(self._watchdog_loop(), "watchdog")
+        self.supervisor.watch(self._connect_forever(), "stream")
+        self._notify_ready()
+
+    async def _report_failure(self, line: str) -> None:
+        """Best effort: tell the controller why this agent stops (the disk may take the event)."""
+        try:
+            self.executor.emit(Event(kind=EventKind.INFO, message=f"agent stopping: {line}"))
+        except Exception as exc:  # a full disk, most likely: the log line is all there is
+            log.warning("could not report the failure to the controller", error=str(exc))
+            return
+        await self._drain_outbox(3.0)
+
+    async def _drain_outbox(self, seconds: float) -> None:
+        """Wait (at most ``seconds``) for the controller to hold every event, while streaming."""
+        for _ in range(int(seconds / 0.1)):
+            if self.executor.outbox.count() == 0 or not self._streaming:
+                return
+            await asyncio.sleep(0.1)
 
     def _set_state(self, state: AgentState) -> None:
         if state is not self.state:
@@ -202,10 +223,14 @@ class Agent:
                     log.warning("stream lost", code=exc.code().name, error=exc.details())
             except (StreamClosed, ControllerUnavailable, OSError, asyncio.InvalidStateError) as exc:
                 # InvalidStateError: a write on a call that the transport already failed.
+                if local_fault(exc):
+                    raise
                 log.warning("stream lost", error=str(exc) or type(exc).__name__)
             except IdentityError:
                 raise
-            except Exception:  # never let one bad stream take the agent (and the running plan) down
+            except Exception as exc:  # never let one bad stream take the agent (and the running plan) down
+                if local_fault(exc):
+                    raise  # this host's database or disk: no reconnect mends it (the supervisor says so)
                 log.exception("unexpected error on the stream; reconnecting")
             finally:
                 self._streaming = False
@@ -365,16 +390,14 @@ class Agent:
         if kind == "rerun":
             self.executor.rerun(list(command.rerun.steps))
         elif kind == "reboot":
-            self._spawn(self._reboot())
+            self._spawn(self._reboot(), "reboot")
         elif kind == "task":
-            self._spawn(self._run_task(command.id, wire.step_from_pb(command.task.step)))
+            self._spawn(self._run_task(command.id, wire.step_from_pb(command.task.step)), "task")
         else:
             log.warning("ignoring a command this agent does not know", command=kind)
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.create_task(coro)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        self.supervisor.watch(coro, name, forever=False)  # a failure stops the agent
 
     async def _run_task(self, command_id: str, step: Step) -> None:
         result = await self.executor.run_task(step)
@@ -382,11 +405,7 @@ class Agent:
             self._on_step_secrets(step.name, result.secrets, result.outputs, command_id)
 
     async def _reboot(self) -> None:
-        # Give the outbox a moment to drain so the controller hears why the node went away.
-        for _ in range(50):
-            if self.executor.outbox.count() == 0 or not self._streaming:
-                break
-            await asyncio.sleep(0.2)
+        await self._drain_outbox(10.0)  # so that the controller hears why the node went away
         proc = await asyncio.create_subprocess_exec(*self.config.reboot_command)
         if await proc.wait() != 0:
             raise RuntimeError(f"{' '.join(self.config.reboot_command)} exited with {proc.returncode}")
