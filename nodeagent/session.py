@@ -16,6 +16,7 @@ import contextlib
 import datetime as dt
 import enum
 import random
+import sqlite3
 import time
 from collections.abc import Coroutine, Mapping
 from pathlib import Path
@@ -35,7 +36,7 @@ from nodeagent.limits import EVENT_BATCH_COUNT
 from nodeagent.model import Event, EventKind, Step
 from nodeagent.runner import Runner
 from nodeagent.secrets import PROCESS_REDACTOR
-from nodeagent.statedb import StateDB
+from nodeagent.statedb import DB_NAME, StateDB, state_error
 from nodeagent.supervise import Supervisor, local_fault
 
 log = logs.get_logger("tether.agent")
@@ -78,7 +79,7 @@ class Agent:
         self.state_dir = config.state_dir
         self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.identities = IdentityStore(self.state_dir)
-        self.db = StateDB(self.state_dir / "state.db")
+        self.db = StateDB(self.state_dir / DB_NAME)
         self.redactor = PROCESS_REDACTOR
         self.redactor.add(config.token)  # a step that prints the join token shows [REDACTED]
         self.runner = Runner(
@@ -449,9 +450,9 @@ class Agent:
 def state_summary(state_dir: Path) -> dict[str, object]:
     """What ``tether-agent status`` prints: identity, journal and outbox, read from disk."""
     store = IdentityStore(state_dir)
-    if not (state_dir / "state.db").exists():
+    if not (state_dir / DB_NAME).exists():
         raise AgentError(f"no agent state in {state_dir} (has the agent run here?)")
-    db = StateDB(state_dir / "state.db", readonly=True)
+    db = StateDB(state_dir / DB_NAME, readonly=True)
     try:
         executor_plan = db.get_meta("plan")
         from nodeagent.executor import plan_from_json
@@ -474,6 +475,8 @@ def state_summary(state_dir: Path) -> dict[str, object]:
             "acked_seq": outbox.acked_seq,
         }
         return summary
+    except sqlite3.Error as exc:  # a damaged page that opening did not read
+        raise state_error(db.path, exc) from exc
     finally:
         db.close()
 

@@ -20,6 +20,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from nodeagent.errors import StateError
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS journal (
@@ -30,6 +32,38 @@ CREATE TABLE IF NOT EXISTS outbox (seq INTEGER PRIMARY KEY, body TEXT NOT NULL);
 """
 
 
+DB_NAME = "state.db"  # in the state directory
+
+# SQLite's result codes for a file that is not (or no longer) a sound database.
+_CORRUPT_CODES = {sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB}
+
+
+def is_corrupt(exc: BaseException) -> bool:
+    """Whether ``exc`` says the database file is damaged (not merely busy, full or unreadable)."""
+    if not isinstance(exc, sqlite3.DatabaseError):
+        return False
+    code = getattr(exc, "sqlite_errorcode", None)
+    return code in _CORRUPT_CODES or "malformed" in str(exc) or "not a database" in str(exc)
+
+
+def corrupt_message(path: Path, detail: str) -> str:
+    """The one line an operator gets for a damaged state database: which file, what to do."""
+    return (
+        f"state database {path} is corrupt ({detail}): move it aside to start over; "
+        "the node must then be revoked and enrolled again"
+    )
+
+
+def state_error(path: Path, exc: sqlite3.Error) -> StateError:
+    """``exc``, met on the database at ``path``, as one line naming the file."""
+    detail = " ".join(str(exc).split())
+    if is_corrupt(exc):
+        return StateError(corrupt_message(path, detail))
+    if getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL:
+        return StateError(f"no space left on device: {path.parent}")
+    return StateError(f"cannot use state database {path}: {detail}")
+
+
 class StateDB:
     def __init__(self, path: Path, *, readonly: bool = False) -> None:
         self.path = path
@@ -37,20 +71,36 @@ class StateDB:
         self._durable = True  # of the open transaction (meaningful while _depth > 0)
         self._commits = 0  # commits made by this process
         self._synced = 0  # commits known to be on disk
+        try:
+            self._open(readonly)
+        except sqlite3.Error as exc:
+            if getattr(self, "conn", None) is not None:
+                self.conn.close()
+            raise state_error(path, exc) from exc
+
+    def _open(self, readonly: bool) -> None:
+        path = self.path
         if readonly:  # for `tether-agent status`: look, never create or change anything
             self.conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, isolation_level=None)
+            self._check()
             return
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self.conn.execute("PRAGMA journal_mode=WAL")
         self.conn.execute("PRAGMA synchronous=FULL")
+        self._check()
         self.conn.executescript(SCHEMA)
         # The WAL holds plan scripts, step environments and output: as private as the database.
         for suffix in ("", "-wal", "-shm"):
             p = path.with_name(path.name + suffix)
             if p.exists():
                 p.chmod(0o600)
-        self._depth = 0
+
+    def _check(self) -> None:
+        """Read every page once (``quick_check``): damage shows now, as one line, not mid-plan."""
+        problems = [str(r[0]) for r in self.conn.execute("PRAGMA quick_check(1)").fetchall()]
+        if problems != ["ok"]:
+            raise sqlite3.DatabaseError(f"malformed: {problems[0] if problems else 'no answer'}")
 
     @property
     def dirty(self) -> bool:

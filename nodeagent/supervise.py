@@ -17,6 +17,7 @@ from typing import Any
 from nodeagent import logs
 from nodeagent.errors import AgentError, TaskFailed
 from nodeagent.secrets import PROCESS_REDACTOR
+from nodeagent.statedb import DB_NAME, corrupt_message, is_corrupt
 
 log = logs.get_logger("tether.agent")
 
@@ -57,6 +58,9 @@ def failure_line(task: str, exc: BaseException, state_dir: Path) -> str:
     """One line saying why ``task`` failed (secrets masked)."""
     if no_space(exc):
         return f"no space left on device: {state_dir}"
+    corrupt = next((e for e in _chain(exc) if is_corrupt(e)), None)
+    if corrupt is not None:  # found while running: a page the open did not read
+        return corrupt_message(state_dir / DB_NAME, " ".join(str(corrupt).split()))
     detail = " ".join(str(exc).split()) or "no detail"
     return PROCESS_REDACTOR.redact(f"{task} task failed: {type(exc).__name__}: {detail}")
 
