@@ -34,6 +34,7 @@ from nodeagent.executor import Executor, scripts_dir
 from nodeagent.identity import Identity, IdentityStore, make_csr
 from nodeagent.limits import EVENT_BATCH_COUNT
 from nodeagent.model import Event, EventKind, Step
+from nodeagent.renewal import RenewalRule
 from nodeagent.runner import Runner
 from nodeagent.secrets import PROCESS_REDACTOR
 from nodeagent.statedb import DB_NAME, StateDB, state_error
@@ -97,7 +98,7 @@ class Agent:
         self._streaming = False
         self._ready_sent = False
         self.supervisor = Supervisor(self.state_dir)
-        self._renewal_asked_for = 0  # serial of the certificate a renewal was requested for
+        self._renewal = RenewalRule()
         self.reexec_after_enrolling = False
         self.reexec = False
         boot_id = facts.boot_id()  # fixed for the life of this process: a reboot ends it
@@ -341,8 +342,10 @@ class Agent:
             if msg.settings.heartbeat_seconds:
                 self.heartbeat = float(msg.settings.heartbeat_seconds)
         elif kind == "certificate":
-            self.identities.save_certificate(msg.certificate.certificate_pem)
+            pem = msg.certificate.certificate_pem
+            self.identities.save_certificate(pem)
             self.identity = self.identities.load()
+            self._renewal.received(read_certinfo(pem), dt.datetime.now(dt.timezone.utc))
             log.info("certificate renewed")
         elif kind == "welcome":
             pass
@@ -415,15 +418,13 @@ class Agent:
     def _maybe_renew(self, identity: Identity) -> None:
         """Ask for a new certificate once a third of its lifetime is left (checked every heartbeat)."""
         cert = read_certinfo(identity.cert_pem)
-        if cert.serial_number == self._renewal_asked_for:
-            return
         now = dt.datetime.now(dt.timezone.utc)
-        lifetime = cert.not_valid_after - cert.not_valid_before
-        if cert.not_valid_after - now < lifetime / 3:
-            csr = make_csr(identity.key_pem, identity.node_name)
-            self._send(wire.pb.AgentMessage(renew=wire.pb.RenewRequest(csr_pem=csr)))
-            self._renewal_asked_for = cert.serial_number
-            log.info("certificate renewal requested", expires=cert.not_valid_after.isoformat())
+        if not self._streaming or not self._renewal.due(cert, now):
+            return
+        csr = make_csr(identity.key_pem, identity.node_name)
+        self._send(wire.pb.AgentMessage(renew=wire.pb.RenewRequest(csr_pem=csr)))
+        self._renewal.asked(cert, now)
+        log.info("certificate renewal requested", expires=cert.not_valid_after.isoformat())
 
     # -- periodic -----------------------------------------------------------------------------
 
