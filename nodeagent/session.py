@@ -45,6 +45,21 @@ log = logs.get_logger("tether.agent")
 EVENT_BATCH = EVENT_BATCH_COUNT  # bench/sim.py batches like the agent
 # A stream that lasted this long resets the backoff (one that dies at once does not).
 STABLE_STREAM_SECONDS = 10.0
+# The longest a controller's retry hint can hold the agent off (a wrong one must not park it).
+RETRY_HINT_MAX_SECONDS = 300.0
+
+
+def retry_hint(exc: grpc.aio.AioRpcError) -> float:
+    """The seconds a RESOURCE_EXHAUSTED refusal says to wait (``retry-after-seconds``), capped."""
+    if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return 0.0
+    for key, value in exc.trailing_metadata() or ():
+        if key == "retry-after-seconds":
+            try:
+                return min(max(float(value), 0.0), RETRY_HINT_MAX_SECONDS)
+            except (TypeError, ValueError):
+                return 0.0
+    return 0.0
 
 
 class AgentState(str, enum.Enum):
@@ -215,14 +230,18 @@ class Agent:
         while True:
             self._set_state(AgentState.CONNECTING)
             started = time.monotonic()
+            hint = 0.0
             try:
                 await self._stream_once()
                 log.info("stream closed by the controller; reconnecting")
             except grpc.aio.AioRpcError as exc:
+                hint = retry_hint(exc)
                 if exc.code() in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED):
                     log.error("controller refused this node", code=exc.code().name, error=exc.details())
                 else:
-                    log.warning("stream lost", code=exc.code().name, error=exc.details())
+                    log.warning(
+                        "stream lost", code=exc.code().name, error=exc.details(), retry_in=hint or None
+                    )
             except (StreamClosed, ControllerUnavailable, OSError, asyncio.InvalidStateError) as exc:
                 # InvalidStateError: a write on a call that the transport already failed.
                 if local_fault(exc):
@@ -239,7 +258,7 @@ class Agent:
             if time.monotonic() - started >= STABLE_STREAM_SECONDS:
                 self.backoff.reset()  # it worked for a while: the next attempt starts quick again
             self._set_state(AgentState.BACKOFF)
-            await asyncio.sleep(self.backoff.next_delay())
+            await asyncio.sleep(max(self.backoff.next_delay(), hint))  # a refusal's hint is a floor
 
     async def _stream_once(self) -> None:
         identity = self.identities.load()
