@@ -267,21 +267,7 @@ class Agent:
             self.config.controller, identity.ca_pem, identity.key_pem, identity.cert_pem
         ) as channel:
             call = wire.AgentServiceStub(channel).Connect()
-            node_facts = await asyncio.to_thread(facts.collect_facts, self.config.controller)
-            plan = self.executor.plan
-            hello = wire.pb.Hello(
-                agent_version=__version__,
-                facts=wire.facts_to_pb(node_facts),
-                last_acked_seq=self.executor.outbox.acked_seq,
-                next_seq=self.executor.outbox.next_seq,
-                plan_digest=plan.digest if plan else "",
-                plan_generation=plan.generation if plan else 0,
-                journal=[
-                    wire.pb.StepState(step=e.step, digest=e.digest, state=e.state.value)
-                    for e in self.executor.journal.entries()
-                ],
-            )
-            await call.write(wire.pb.AgentMessage(hello=hello))
+            await call.write(wire.pb.AgentMessage(hello=await self._hello()))
             first = await call.read()
             if not isinstance(first, wire.pb.ControllerMessage) or first.WhichOneof("kind") != "welcome":
                 raise StreamClosed("the controller did not welcome this node")
@@ -315,6 +301,23 @@ class Agent:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await writer
                 call.cancel()
+
+    async def _hello(self) -> wire.pb.Hello:
+        """What this node says first on a stream: its facts, outbox numbers, plan and journal."""
+        node_facts = await asyncio.to_thread(facts.collect_facts, self.config.controller)
+        plan = self.executor.plan
+        return wire.pb.Hello(
+            agent_version=__version__,
+            facts=wire.facts_to_pb(node_facts),
+            last_acked_seq=self.executor.outbox.acked_seq,
+            next_seq=self.executor.outbox.next_seq,
+            plan_digest=plan.digest if plan else "",
+            plan_generation=plan.generation if plan else 0,
+            journal=[
+                wire.pb.StepState(step=e.step, digest=e.digest, state=e.state.value)
+                for e in self.executor.journal.entries()
+            ],
+        )
 
     async def _writer(self, call: grpc.aio.StreamStreamCall, stored_seq: int) -> None:  # type: ignore[type-arg]
         last_sent = stored_seq
