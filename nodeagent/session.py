@@ -109,7 +109,9 @@ class Agent:
         self._control: asyncio.Queue[wire.pb.AgentMessage] = asyncio.Queue()
         self._gates: dict[str, asyncio.Future[Mapping[str, str]]] = {}
         self._gate_digests: dict[str, tuple[str, int]] = {}  # step -> (digest, attempt)
-        self._unacked_secrets: dict[str, wire.pb.StepSecrets] = {}
+        # Step secrets until acknowledged: (serial, last event seq emitted before them, message).
+        self._unacked_secrets: dict[str, tuple[int, int, wire.pb.StepSecrets]] = {}
+        self._secrets_serial = 0
         self._streaming = False
         self._ready_sent = False
         self.supervisor = Supervisor(self.state_dir)
@@ -321,16 +323,16 @@ class Agent:
 
     async def _writer(self, call: grpc.aio.StreamStreamCall, stored_seq: int) -> None:  # type: ignore[type-arg]
         last_sent = stored_seq
+        sent_secrets: set[int] = set()  # serials written on this stream
         for name, (digest, attempt) in list(self._gate_digests.items()):  # acks may change them meanwhile
             await call.write(
                 wire.pb.AgentMessage(gate=wire.pb.GateRequest(step=name, digest=digest, attempt=attempt))
             )
-        for secrets in list(self._unacked_secrets.values()):
-            await call.write(wire.pb.AgentMessage(secrets=secrets))
         while True:
             self._kick.clear()
             while not self._control.empty():
                 await call.write(self._control.get_nowait())
+            await self._write_secrets(call, last_sent, sent_secrets)
             # Bounded in bytes (EVENT_BATCH_BYTES) and in events, far below the controller's limit.
             events = self.executor.outbox.pending(after_seq=last_sent)
             if events:
@@ -341,6 +343,19 @@ class Agent:
                 last_sent = events[-1].seq
                 continue
             await self._kick.wait()
+
+    async def _write_secrets(
+        self,
+        call: grpc.aio.StreamStreamCall,  # type: ignore[type-arg]
+        last_sent: int,
+        sent: set[int],
+    ) -> None:
+        """Step secrets go out only after every event emitted before them: the controller accepts
+        a step's material only while it knows the step is running (its STARTED event)."""
+        for serial, after_seq, msg in list(self._unacked_secrets.values()):
+            if serial not in sent and after_seq <= last_sent:
+                await call.write(wire.pb.AgentMessage(secrets=msg))
+                sent.add(serial)
 
     def _send(self, msg: wire.pb.AgentMessage) -> None:
         if self._streaming:
@@ -407,8 +422,9 @@ class Agent:
         msg = wire.pb.StepSecrets(
             step=step, values=dict(values), outputs=dict(outputs), command_id=command_id
         )
-        self._unacked_secrets[key] = msg
-        self._send(wire.pb.AgentMessage(secrets=msg))
+        self._secrets_serial += 1
+        self._unacked_secrets[key] = (self._secrets_serial, self.executor.outbox.next_seq - 1, msg)
+        self._kick.set()  # the writer sends it once the events before it are out
 
     def _command(self, command: wire.pb.Command) -> None:
         kind = command.WhichOneof("kind")

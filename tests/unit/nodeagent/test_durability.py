@@ -117,3 +117,28 @@ def test_a_streaming_agent_does_not_load_the_crypto_library() -> None:
         "assert 'cryptography' not in sys.modules, sorted(m for m in sys.modules if 'crypto' in m)\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_step_secrets_leave_after_the_events_emitted_before_them(tmp_path: Path) -> None:
+    """The controller takes a step's material only while it knows the step runs (its STARTED
+    event), so the secrets of a step never overtake that step's earlier events."""
+    agent = Agent(AgentConfig(controller="127.0.0.1:1", state_dir=tmp_path / "state"))
+
+    async def scenario() -> list[str]:
+        agent.executor.emit(Event(kind=EventKind.STARTED, step="kubeadm-init", attempt=1))
+        agent._on_step_secrets("kubeadm-init", {"token": "x"}, {})
+        call = FakeCall(agent.db)
+        writer = asyncio.create_task(agent._writer(call, 0))  # type: ignore[arg-type]
+        try:
+            for _ in range(100):
+                if len(call.writes) >= 2:
+                    break
+                await asyncio.sleep(0.01)
+        finally:
+            writer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await writer
+        return [kind for kind, _ in call.writes]
+
+    assert asyncio.run(scenario()) == ["events", "secrets"]
+    agent.db.close()
