@@ -24,14 +24,18 @@ _LENGTH_BYTES = 4  # an event's own length prefix, at most (EVENT_BUDGET < 2**28
 _MAP_ENTRY_BYTES = 16  # framing of one observed entry, at most
 
 
-def cut_text(text: str, limit: int = MAX_LINE_BYTES) -> str:
-    """``text`` if it fits in ``limit`` bytes (UTF-8), else its start and a note saying so."""
-    if len(text) <= limit // 4:  # a character is at most 4 bytes
+def cut_text(text: str, limit: int = MAX_LINE_BYTES, *, more: bool = False) -> str:
+    """``text`` if it fits in ``limit`` bytes (UTF-8), else its start and a note saying so.
+
+    ``more``: ``text`` is already the start of something longer (the note says "more than").
+    """
+    if len(text) <= limit // 4 and not more:  # a character is at most 4 bytes
         return text
     raw = text.encode()
-    if len(raw) <= limit:
+    if len(raw) <= limit and not more:
         return text
-    note = f" … [tether: line cut, {len(raw)} bytes]"
+    size = f"more than {len(raw)}" if more else str(len(raw))
+    note = f" … [tether: line cut, {size} bytes]"
     return raw[: limit - len(note.encode())].decode("utf-8", errors="ignore") + note
 
 

@@ -36,16 +36,16 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from nodeagent.bounds import cut_text
 from nodeagent.limits import MAX_LINE_BYTES
 from nodeagent.model import Step
 from nodeagent.secrets import LineRedactor, Redactor
 
 OutputSink = Callable[[list[str]], Awaitable[None]]
 
-MAX_LINE = MAX_LINE_BYTES  # characters of one output line kept; the rest is cut, and it says so
 # How much of an over-long line is read before it is cut: the matching behind the redaction sees
 # far past the cut, so a secret that starts before the cut is masked whole.
-LINE_WINDOW_BYTES = 8 * MAX_LINE
+LINE_WINDOW_BYTES = 8 * MAX_LINE_BYTES
 READ_CHUNK_BYTES = 64 * 1024
 KILL_GRACE_SECONDS = 5.0
 TIMEOUT_EXIT_CODE = 124
@@ -319,8 +319,9 @@ class Runner:
 class _OutputPump:
     """Splits the output into lines, redacts each, hands them on in batches (by count or by time).
 
-    A line is redacted before it is cut: a line longer than ``MAX_LINE`` is read up to
-    ``LINE_WINDOW_BYTES``, masked as a whole, then cut (saying so); the rest of it is dropped.
+    A line is redacted before it is cut: a line longer than ``MAX_LINE_BYTES`` is read up to
+    ``LINE_WINDOW_BYTES``, masked as a whole, then cut in bytes (saying so, once); the rest of
+    it is dropped.
     """
 
     def __init__(self, runner: Runner, sink: OutputSink) -> None:
@@ -354,8 +355,8 @@ class _OutputPump:
 
     async def _line(self, raw: bytes, cut: bool = False) -> None:
         text = raw.decode("utf-8", errors="replace").rstrip("\r")
-        line, longer = self._redact.redact(text, MAX_LINE)
-        self._buf.append(line + " [line truncated]" if longer or cut else line)
+        line, _ = self._redact.redact(text)  # masked whole first: a cut never halves a secret
+        self._buf.append(cut_text(line, MAX_LINE_BYTES, more=cut))
         if len(self._buf) >= self._runner.batch_lines:
             await self.flush()
 

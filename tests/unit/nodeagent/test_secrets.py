@@ -102,7 +102,7 @@ def leaked(text: str, secret: str = TOKEN_SECRET, piece: int = 5) -> list[str]:
 
 @pytest.mark.parametrize("shift", range(-40, 2))
 def test_a_secret_at_the_cut_is_masked_whole_never_by_halves(shift: int) -> None:
-    from nodeagent.runner import MAX_LINE
+    from nodeagent.limits import MAX_LINE_BYTES as MAX_LINE
 
     line = "x" * (MAX_LINE + shift) + " " + TOKEN + " tail"
     for r in (Redactor([TOKEN]), Redactor()):  # known, and only its shape
@@ -112,8 +112,9 @@ def test_a_secret_at_the_cut_is_masked_whole_never_by_halves(shift: int) -> None
 
 
 async def test_the_runner_redacts_a_long_line_before_cutting_it(tmp_path: Path) -> None:
+    from nodeagent.limits import MAX_LINE_BYTES as MAX_LINE
     from nodeagent.model import Step
-    from nodeagent.runner import MAX_LINE, Runner
+    from nodeagent.runner import Runner
 
     lines: list[str] = []
 
@@ -125,7 +126,25 @@ async def test_the_runner_redacts_a_long_line_before_cutting_it(tmp_path: Path) 
     runner = Runner(tmp_path / "scripts", Redactor([TOKEN]), batch_interval=0.05)
     assert (await runner.run(Step(name="s", script=script).sealed(), sink)).ok
     assert len(lines) == 2 and lines[1] == "after"
-    assert lines[0].endswith("[line truncated]") and not leaked(lines[0])
+    assert MASK in lines[0] and not leaked(lines[0])
+
+
+async def test_a_long_line_is_masked_then_cut_once_in_bytes(tmp_path: Path) -> None:
+    from nodeagent.limits import MAX_LINE_BYTES
+    from nodeagent.model import Step
+    from nodeagent.runner import Runner
+
+    lines: list[str] = []
+
+    async def sink(batch: list[str]) -> None:
+        lines.extend(batch)
+
+    pad = MAX_LINE_BYTES - len(TOKEN_ID) - 10  # the cut falls 9 characters into the secret
+    script = f"printf 'é%.0s' $(seq 1 {pad}); echo {TOKEN}; echo after\n"
+    runner = Runner(tmp_path / "scripts", Redactor([TOKEN]), batch_interval=0.05)
+    assert (await runner.run(Step(name="s", script=script).sealed(), sink)).ok
+    assert len(lines[0].encode()) <= MAX_LINE_BYTES and not leaked(lines[0])
+    assert lines[0].count("[tether: line cut") == 1 and "truncated" not in lines[0]
 
 
 def test_flags_carrying_secrets_are_masked_with_equals_as_with_a_space() -> None:
