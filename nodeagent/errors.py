@@ -7,6 +7,7 @@ Hierarchy::
     ├── EnrollError            the controller refused enrollment (never retried)
     ├── IdentityError          key, certificate or CA pin missing or wrong
     ├── StateError             the state database cannot be opened (corrupt, unreadable)
+    │   └── CorruptRecord      one stored record (an event, facts, a plan) cannot be read back
     ├── TaskFailed             a long-lived task failed: the agent exits, systemd restarts it
     └── ControllerUnavailable  the controller could not be reached (retryable)
 """
@@ -34,6 +35,10 @@ class IdentityError(AgentError):
 
 class StateError(AgentError):
     """The state database is unusable; the message names the file and what to do."""
+
+
+class CorruptRecord(StateError):
+    """A stored record (event, facts, health, plan) is damaged: it cannot be decoded."""
 
 
 class TaskFailed(AgentError):

@@ -16,7 +16,7 @@ from typing import Any
 
 from nodeagent import logs
 from nodeagent.journal import Journal, JournalState
-from nodeagent.model import Event, EventKind, Plan, Step
+from nodeagent.model import Event, EventKind, Plan, Step, decoder
 from nodeagent.outbox import Outbox
 from nodeagent.runner import Runner, StepResult, kill_leftovers
 from nodeagent.statedb import StateDB
@@ -32,6 +32,7 @@ def plan_to_json(plan: Plan) -> str:
     return json.dumps(asdict(plan))
 
 
+@decoder("plan")
 def plan_from_json(text: str) -> Plan:
     doc = json.loads(text)
     steps = tuple(

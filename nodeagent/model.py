@@ -6,12 +6,36 @@ Wire types never leave ``wire.py``; everything else works with these.
 from __future__ import annotations
 
 import enum
+import functools
 import hashlib
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
+
+from nodeagent.errors import CorruptRecord
+
+R = TypeVar("R")
+# What decoding a damaged record raises inside the decoders below (wrong types, missing keys).
+_DAMAGE = (KeyError, TypeError, ValueError, AttributeError, OverflowError, IndexError)
+
+
+def decoder(what: str) -> Callable[[Callable[..., R]], Callable[..., R]]:
+    """A stored-record decoder that raises ``CorruptRecord`` (one line) instead of whatever a
+    damaged record makes it trip over."""
+
+    def wrap(fn: Callable[..., R]) -> Callable[..., R]:
+        @functools.wraps(fn)
+        def decode(*args: Any) -> R:
+            try:
+                return fn(*args)
+            except _DAMAGE as exc:
+                raise CorruptRecord(f"damaged {what} record ({type(exc).__name__}: {exc})") from None
+
+        return decode
+
+    return wrap
 
 
 def now_ms() -> int:
@@ -167,6 +191,7 @@ class Event:
         }
 
     @staticmethod
+    @decoder("event")
     def from_json(doc: Mapping[str, Any]) -> Event:
         return Event(
             kind=EventKind[str(doc["kind"]).upper()],
@@ -259,6 +284,7 @@ class Health:
     cluster: ClusterView | None = None
 
 
+@decoder("host facts")
 def facts_from_dict(doc: Mapping[str, Any]) -> HostFacts:
     """Inverse of ``dataclasses.asdict(HostFacts)`` (unknown keys ignored)."""
     known = {f for f in HostFacts.__dataclass_fields__}
@@ -268,6 +294,7 @@ def facts_from_dict(doc: Mapping[str, Any]) -> HostFacts:
     return HostFacts(**values)
 
 
+@decoder("health")
 def health_from_dict(doc: Mapping[str, Any]) -> Health:
     known = {f for f in Health.__dataclass_fields__}
     values = {k: v for k, v in doc.items() if k in known}

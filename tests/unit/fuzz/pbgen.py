@@ -109,7 +109,3 @@ def _mangled(draw: Any, cls: type[Message]) -> bytes:
 def wire_bytes(cls: type[Message]) -> st.SearchStrategy[bytes]:
     """Bytes a peer could send where a ``cls`` is expected."""
     return messages(cls).map(lambda m: m.SerializeToString()) | _mangled(cls) | st.binary(max_size=256)
-
-
-# For a test expected to fail (xfail): the first bug found, not a group of them.
-FUZZ_FIRST_BUG = settings(FUZZ, report_multiple_bugs=False)

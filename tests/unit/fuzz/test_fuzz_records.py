@@ -15,7 +15,6 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -23,7 +22,7 @@ from nodeagent import wire
 from nodeagent.errors import AgentError
 from nodeagent.executor import plan_from_json, plan_to_json
 from nodeagent.model import Event, facts_from_dict, health_from_dict
-from tests.unit.fuzz.pbgen import FUZZ, FUZZ_FIRST_BUG, messages
+from tests.unit.fuzz.pbgen import FUZZ, messages
 from tether.v1 import common_pb2
 
 json_values = st.recursive(
@@ -92,37 +91,26 @@ def test_plan_json_round_trip(p: Any) -> None:
 
 # -- damaged records ------------------------------------------------------------------------------
 
-DAMAGED = pytest.mark.xfail(
-    strict=True,
-    raises=(KeyError, TypeError, ValueError, AttributeError, OverflowError),
-    reason="nodeagent/model.py and nodeagent/executor.py decoders raise bare KeyError/TypeError/"
-    "ValueError on a damaged record (owner: nodeagent): wrap them in an AgentError",
-)
 
-
-@DAMAGED
-@FUZZ_FIRST_BUG
+@FUZZ
 @given(damaged(events.map(Event.to_json)))
 def test_damaged_event_record(doc: Any) -> None:
     _reads_or_refuses(Event.from_json, doc)
 
 
-@DAMAGED
-@FUZZ_FIRST_BUG
+@FUZZ
 @given(damaged(facts.map(dataclasses.asdict)))
 def test_damaged_facts_record(doc: Any) -> None:
     _reads_or_refuses(facts_from_dict, doc)
 
 
-@DAMAGED
-@FUZZ_FIRST_BUG
+@FUZZ
 @given(damaged(healths.map(dataclasses.asdict)))
 def test_damaged_health_record(doc: Any) -> None:
     _reads_or_refuses(health_from_dict, doc)
 
 
-@DAMAGED
-@FUZZ_FIRST_BUG
+@FUZZ
 @given(damaged(plans.map(lambda p: json.loads(plan_to_json(p)))).map(json.dumps) | st.text(max_size=80))
 def test_damaged_plan_record(text: str) -> None:
     _reads_or_refuses(plan_from_json, text)
