@@ -35,8 +35,9 @@ def wait_for(fn: Callable[[], T], timeout: float = 30.0, interval: float = 0.2, 
 class Controller:
     """``tether-controller serve`` on ``host`` (loopback; e2e: a testbed bridge) and a free port."""
 
-    def __init__(self, workdir: Path, host: str = "127.0.0.1") -> None:
+    def __init__(self, workdir: Path, host: str = "127.0.0.1", extra_args: tuple[str, ...] = ()) -> None:
         self.host = host
+        self.extra_args = extra_args  # more ``serve`` flags (e.g. --node-cert-days)
         self.data_dir = workdir / "controller"
         self.log_path = workdir / "controller.log"
         self.proc: subprocess.Popen[str] | None = None
@@ -60,6 +61,7 @@ class Controller:
                     str(self.data_dir),
                     "--heartbeat-seconds",
                     "1",
+                    *self.extra_args,
                 ],
                 stdout=subprocess.PIPE,
                 stderr=log,

@@ -7,7 +7,6 @@ import contextlib
 import json
 import os
 import queue
-import re
 import sqlite3
 import subprocess
 import time
@@ -27,37 +26,6 @@ from tests.integration.conftest import apply_env, ca_hash, events, token, wait_s
 from tests.integration.harness import BIN, Agent, Controller, wait_for
 
 NOOP = '    - name: noop\n      inline: "echo hello"\n'
-
-
-class ShortCertController(Controller):
-    """``tether-controller serve --node-cert-days 0.0005`` (the harness passes no extra flags)."""
-
-    def start(self, port: int | None = None) -> None:
-        with self.log_path.open("a") as log:
-            self.proc = subprocess.Popen(
-                [
-                    str(BIN / "tether-controller"),
-                    "serve",
-                    "--listen",
-                    f"{self.host}:0",
-                    "--data-dir",
-                    str(self.data_dir),
-                    "--heartbeat-seconds",
-                    "1",
-                    "--node-cert-days",
-                    "0.0005",
-                ],
-                stdout=subprocess.PIPE,
-                stderr=log,
-                text=True,
-            )
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            m = re.search(r"listening on (\S+):(\d+)", line)
-            if m:
-                self.address, self.port = f"{m.group(1)}:{m.group(2)}", int(m.group(2))
-                return
-        raise AssertionError(self.log_path.read_text()[-2000:])
 
 
 def node_channel(controller: Controller, agent: Agent, cert_pem: bytes | None = None) -> grpc.Channel:
@@ -186,7 +154,7 @@ def test_a_store_restored_from_an_earlier_copy_lets_the_outbox_drain(
 
 def test_a_renewed_certificate_retires_the_old_one(tmp_path: Path) -> None:
     # Node certificates of ~43 s: the agent renews with a third of the lifetime left (~28 s in).
-    controller = ShortCertController(tmp_path)
+    controller = Controller(tmp_path, extra_args=("--node-cert-days", "0.0005"))
     controller.start()
     agent = Agent(tmp_path, "n1", controller)
     try:
