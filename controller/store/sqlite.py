@@ -574,13 +574,7 @@ class SqliteStore:
                 return stored
             conn.executemany("INSERT OR IGNORE INTO events VALUES (?,?,?,?,?,?)", fresh)
             # Advance the contiguous mark over what is stored now (events beyond an old gap included).
-            new_stored = stored
-            for (seq,) in conn.execute(
-                "SELECT seq FROM events WHERE node=? AND seq>? ORDER BY seq", (node, stored)
-            ):
-                if seq != new_stored + 1:
-                    break
-                new_stored = seq
+            new_stored = _contiguous(conn, node, stored)
             _apply_step_events(conn, node, [e for e in events if e.seq > stored])
             conn.execute("UPDATE nodes SET stored_seq=? WHERE name=?", (new_stored, node))
             return new_stored
@@ -619,13 +613,7 @@ class SqliteStore:
                     json.dumps(gap.to_json(), separators=(",", ":")),
                 ),
             )
-            new_stored = acked_seq
-            for (seq,) in conn.execute(
-                "SELECT seq FROM events WHERE node=? AND seq>? ORDER BY seq", (node, acked_seq)
-            ):
-                if seq != new_stored + 1:
-                    break
-                new_stored = seq
+            new_stored = _contiguous(conn, node, acked_seq)
             conn.execute("UPDATE nodes SET stored_seq=? WHERE name=?", (new_stored, node))
             return new_stored
 
@@ -701,3 +689,13 @@ def _apply_step_events(conn: sqlite3.Connection, node: str, events: Sequence[Eve
             "observed=COALESCE(?, observed) WHERE node=? AND name=? AND digest=?",
             updates,
         )
+
+
+def _contiguous(conn: sqlite3.Connection, node: str, start: int) -> int:
+    """The highest seq up to which ``node``'s events are stored without a gap, counting from ``start``."""
+    mark = start
+    for (seq,) in conn.execute("SELECT seq FROM events WHERE node=? AND seq>? ORDER BY seq", (node, start)):
+        if seq != mark + 1:
+            break
+        mark = seq
+    return mark
