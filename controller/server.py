@@ -54,6 +54,31 @@ def _join_host(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+def _serving_names(config: ControllerConfig, host: str) -> tuple[list[str], str]:
+    """The names and addresses the serving certificate carries, and the host agents are told."""
+    hosts = [host, *config.extra_sans]
+    advertise_host = host
+    if host in WILDCARDS:
+        addrs = local_addresses()
+        hosts.extend(addrs)
+        advertise_host = addrs[0] if addrs else "127.0.0.1"
+    if config.advertise:
+        hosts.append(split_address(config.advertise)[0] if ":" in config.advertise else config.advertise)
+    return hosts, advertise_host
+
+
+def _add_services(server: grpc.aio.Server, app: App) -> health.aio.HealthServicer:
+    """The agent and admin services, health and reflection, on ``server``."""
+    agents = AgentService(app)
+    wire.add_agent(agents, server)
+    wire.add_admin(AdminService(app, agents), server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    names = (*wire.SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME)
+    reflection.enable_server_reflection(names, server)
+    return health_servicer
+
+
 class Controller:
     """A running controller; ``start`` binds and writes admin.conf, ``wait`` blocks until stopped."""
 
@@ -70,14 +95,7 @@ class Controller:
         config.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         ca = CertificateAuthority.load_or_create(config.data_dir / "pki")
         store = SqliteStore(config.data_dir / "tether.db")
-        hosts = [host, *config.extra_sans]
-        advertise_host = host
-        if host in WILDCARDS:
-            addrs = local_addresses()
-            hosts.extend(addrs)
-            advertise_host = addrs[0] if addrs else "127.0.0.1"
-        if config.advertise:
-            hosts.append(split_address(config.advertise)[0] if ":" in config.advertise else config.advertise)
+        hosts, advertise_host = _serving_names(config, host)
         key_pem, chain_pem = ca.server_credentials(hosts)
         creds = grpc.ssl_server_credentials(
             [(key_pem, chain_pem)],
@@ -110,13 +128,7 @@ class Controller:
             cluster=cluster,
             gates=cluster,
         )
-        agents = AgentService(app)
-        wire.add_agent(agents, server)
-        wire.add_admin(AdminService(app, agents), server)
-        health_servicer = health.aio.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-        names = (*wire.SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME)
-        reflection.enable_server_reflection(names, server)
+        health_servicer = _add_services(server, app)
         await _parse_stored_specs(app)
         await server.start()
         for name in ("", *wire.SERVICE_NAMES):
