@@ -39,8 +39,8 @@ from bootstrap.transport import Transport
 from controller import tokens, wire
 from controller.app import App
 from controller.errors import InvalidArgument
+from controller.listen import WILDCARDS
 from controller.nodestate import node_state
-from controller.server import WILDCARDS
 from nodeagent import logs
 from nodeagent.identity import split_address
 from nodeagent.model import Role, now_ms

@@ -13,6 +13,7 @@ import socket
 from controller.errors import ControllerError
 
 MAX_PORT = 65535
+WILDCARDS = ("0.0.0.0", "::", "")  # noqa: S104 (every address: recognised, not bound)
 
 
 class ListenError(ControllerError):

@@ -26,7 +26,7 @@ from controller.cluster.orchestrator import Orchestrator
 from controller.config import ControllerConfig
 from controller.guard import Guard, enroll_bucket
 from controller.hub import Hub
-from controller.listen import ListenError, preflight
+from controller.listen import WILDCARDS, ListenError, preflight
 from controller.planner import Planner
 from controller.secretbox import SecretBox
 from controller.spec import load_document
@@ -46,8 +46,6 @@ log = logs.get_logger("tether.controller")
 # 6 s of CPU while 10,000 agents connect. Young generations are still collected every 50,000
 # allocations; full collections become rare.
 GC_THRESHOLDS = (50_000, 20, 10)
-
-WILDCARDS = ("0.0.0.0", "::", "")  # noqa: S104 (recognised, not bound)
 
 
 def _join_host(host: str, port: int) -> str:
