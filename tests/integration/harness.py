@@ -77,6 +77,7 @@ class Controller:
             if m:
                 self.address, self.port = f"{m.group(1)}:{m.group(2)}", int(m.group(2))
                 return
+        self.kill()  # nothing of a failed start is left running
         raise AssertionError(f"controller did not start: {self.log_path.read_text()[-2000:]}")
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
