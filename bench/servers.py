@@ -82,9 +82,6 @@ class Bare(Server):
             str(self.pki),
             "--heartbeat-seconds",
             str(self.heartbeat),
-            # The enrollment figure measures capacity, not the default rate limit (50/s).
-            "--enroll-rate",
-            "100000",
         ]
 
     @property
@@ -110,6 +107,9 @@ class Controller(Server):
             str(self.data_dir),
             "--heartbeat-seconds",
             str(self.heartbeat),
+            # The enrollment figure measures capacity, not the default rate limit (50/s).
+            "--enroll-rate",
+            "100000",
         ]
 
     def start(self, port: int | None = None) -> None:
