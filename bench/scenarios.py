@@ -26,6 +26,7 @@ import grpc
 from bench import messages
 from bench.common import BIN, CLIENT_CPUS, SERVER_CPUS, Figure, Proc, log
 from bench.servers import MAX_AGENTS_PER_SIM, Bare, Controller, Server, Sims
+from controller.limits import QUOTA_PAUSE_SECONDS
 
 GIB_MIB = 2048
 ENROLL_CONCURRENCY = 16  # enrollments in flight per client process
@@ -637,6 +638,7 @@ def verify_storm(ctl: Controller, reports: dict[str, list[int]]) -> tuple[int, i
 FLOOD_LINES = 500  # lines per output event: the most the agent's runner puts in one
 FLOOD_WINDOW_EVENTS = 64  # events the flooding agent keeps ahead of its acknowledgements (about 3 MB)
 FLOOD_TARGET = 2.0  # the others' heartbeat round-trip p99, flooded / unloaded
+FLOOD_ROUNDS = 3  # quiet and flooded windows, interleaved
 
 
 def p99(values: list[float]) -> float:
@@ -720,7 +722,46 @@ def run_flood(work: Path, sizes: Sizes, emit: Emit) -> None:
         ctl.stop()
 
 
+class Usage:
+    """Seconds, controller CPU seconds, and the flooder's CPU and acknowledged lines, summed over
+    every ``with`` block."""
+
+    def __init__(self, ctl: Controller, flooder: Sims | None = None) -> None:
+        self.ctl, self.flooder = ctl, flooder
+        self.seconds = self.cpu = self.flooder_cpu = self.lines = 0.0
+
+    def _sample(self) -> tuple[float, float, float, float]:
+        if self.flooder is None:
+            return time.monotonic(), self.ctl.p.cpu_seconds(), 0.0, 0.0
+        lines = float(self.flooder.stats()["lines_acked"])
+        return time.monotonic(), self.ctl.p.cpu_seconds(), self.flooder.procs[0].cpu_seconds(), lines
+
+    def __enter__(self) -> None:
+        self._start = self._sample()
+
+    def __exit__(self, *exc: object) -> None:
+        end = self._sample()
+        self.seconds += end[0] - self._start[0]
+        self.cpu += end[1] - self._start[1]
+        self.flooder_cpu += end[2] - self._start[2]
+        self.lines += end[3] - self._start[3]
+
+    @property
+    def controller_pct(self) -> float:
+        return 100 * self.cpu / self.seconds if self.seconds else 0.0
+
+    @property
+    def flooder_pct(self) -> float:
+        return 100 * self.flooder_cpu / self.seconds if self.seconds else 0.0
+
+    @property
+    def lines_per_s(self) -> float:
+        return self.lines / self.seconds if self.seconds else 0.0
+
+
 def measure_flood(ctl: Controller, sizes: Sizes, fleet: Sims, flooder: Sims) -> FloodResult:
+    """Quiet and flooded windows interleaved (``FLOOD_ROUNDS`` of each, the flooder connected all
+    along), so drift over the run (the store growing, the machine's other load) falls on both."""
     out = FloodResult()
     n = sizes.flood_agents
     connect(fleet, ctl, bare=False, provision=True)
@@ -729,24 +770,24 @@ def measure_flood(ctl: Controller, sizes: Sizes, fleet: Sims, flooder: Sims) -> 
         lambda s: s["streaming"] == n and s["provisioned"] == n,
         timeout=n / 25 + 120,
     )
-    fleet.call({"cmd": "probe", "on": True})
-    time.sleep(sizes.heartbeat + 1)  # every agent has had a heartbeat with a probe
-    c0, t0 = ctl.p.cpu_seconds(), time.monotonic()
-    out.quiet = probe_window(fleet, sizes.flood_window)
-    out.quiet_cpu = 100 * (ctl.p.cpu_seconds() - c0) / (time.monotonic() - t0)
-
     connect(flooder, ctl, bare=False, provision=False)
     flooder.wait("flood: the flooding agent streaming", lambda s: s["streaming"] == 1, 120)
-    flooder.call({"cmd": "flood", "lines_per_event": FLOOD_LINES, "window": FLOOD_WINDOW_EVENTS})
-    time.sleep(2)  # warm up
-    f0, c0, t0, fc0 = flooder.stats(), ctl.p.cpu_seconds(), time.monotonic(), flooder.procs[0].cpu_seconds()
-    out.loud = probe_window(fleet, sizes.flood_window)
-    f1, c1, t1, fc1 = flooder.stats(), ctl.p.cpu_seconds(), time.monotonic(), flooder.procs[0].cpu_seconds()
-    out.flooder_cpu = 100 * (fc1 - fc0) / (t1 - t0)
-    flooder.call({"cmd": "flood", "on": False})
-    out.loud_cpu = 100 * (c1 - c0) / (t1 - t0)
-    out.flood_lines_per_s = (f1["lines_acked"] - f0["lines_acked"]) / (t1 - t0)
-    out.flood_errors = f1["errors"]
+    fleet.call({"cmd": "probe", "on": True})
+    time.sleep(sizes.heartbeat + 1)  # every agent has had a heartbeat with a probe
+    window = sizes.flood_window / FLOOD_ROUNDS
+    quiet, loud = Usage(ctl), Usage(ctl, flooder)
+    for _ in range(FLOOD_ROUNDS):
+        with quiet:
+            out.quiet += probe_window(fleet, window)
+        flooder.call({"cmd": "flood", "lines_per_event": FLOOD_LINES, "window": FLOOD_WINDOW_EVENTS})
+        time.sleep(1)  # the flood under way
+        with loud:
+            out.loud += probe_window(fleet, window)
+        flooder.call({"cmd": "flood", "on": False})
+        time.sleep(QUOTA_PAUSE_SECONDS + 1)  # its last batches read (a node over its quota waits)
+    out.quiet_cpu, out.loud_cpu = quiet.controller_pct, loud.controller_pct
+    out.flooder_cpu, out.flood_lines_per_s = loud.flooder_pct, loud.lines_per_s
+    out.flood_errors = flooder.stats()["errors"]
     out.fleet_errors = fleet.stats()["errors"]
     return out
 
@@ -770,6 +811,7 @@ def flood_figure(sizes: Sizes, r: FloodResult) -> Figure:
             "agents": sizes.flood_agents,
             "heartbeat_seconds": sizes.heartbeat,
             "window_s": sizes.flood_window,
+            "rounds": FLOOD_ROUNDS,
             "probes_unloaded": len(r.quiet),
             "probes_flooded": len(r.loud),
             "p50_unloaded_ms": statistics.median(r.quiet) if r.quiet else None,

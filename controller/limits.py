@@ -35,13 +35,15 @@ MAX_YAML_NODES = 100_000  # nodes of an environment document, every alias counte
 DOCUMENT_PARSES = 2  # environment documents parsed at once (each in a worker thread)
 
 # -- per node ----------------------------------------------------------------------------------
-NODE_OUTPUT_BYTES_PER_SECOND = 1 * MiB  # output stored per node (excess summarised, not stored)
-NODE_OUTPUT_BURST_BYTES = 16 * MiB
+NODE_OUTPUT_BYTES_PER_SECOND = 64 * KiB  # output stored per node, sustained (about 3.8 MB a minute)
+NODE_OUTPUT_BURST_BYTES = 4 * MiB  # on top: a whole provisioning prints 1-10 MB; excess summarised
 NODE_EVENTS_PER_SECOND = 1000.0
 NODE_EVENTS_BURST = 20_000
 NODE_RENEWALS_PER_HOUR = 6.0  # certificate renewals
 NODE_CONNECTS_PER_MINUTE = 30.0  # stream (re)opens
-QUOTA_PAUSE_SECONDS = 1.0  # longest pause in reading a node over its output quota (backpressure)
+# Output over the quota is still read (to summarise it), but no faster than this: backpressure.
+NODE_EXCESS_READ_BYTES_PER_SECOND = 4 * MiB
+QUOTA_PAUSE_SECONDS = 5.0  # longest pause in reading a node over its output quota
 
 # -- admin side --------------------------------------------------------------------------------
 FOLLOWER_QUEUE_BYTES = 8 * MiB  # events queued for one FollowEvents call; over it, it is cut off

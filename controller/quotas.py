@@ -15,13 +15,14 @@ from controller.limits import (
     NODE_CONNECTS_PER_MINUTE,
     NODE_EVENTS_BURST,
     NODE_EVENTS_PER_SECOND,
+    NODE_EXCESS_READ_BYTES_PER_SECOND,
     NODE_OUTPUT_BURST_BYTES,
     NODE_OUTPUT_BYTES_PER_SECOND,
     NODE_RENEWALS_PER_HOUR,
     QUOTA_PAUSE_SECONDS,
     TokenBucket,
 )
-from nodeagent.limits import EVENT_BATCH_BYTES, KiB, MiB
+from nodeagent.limits import KiB, MiB
 from nodeagent.model import Event
 
 QUOTA_MARKER = "[tether: {lines} lines, {size} of output dropped: node over its output quota]"
@@ -85,11 +86,12 @@ class NodeQuotas:
             b = self._nodes[node] = NodeBuckets()
         return b
 
-    def apply(self, node: str, events: Sequence[Event]) -> tuple[list[Event], int]:
-        """The events to store (over-quota ones summarised) and how many were summarised."""
+    def apply(self, node: str, events: Sequence[Event]) -> tuple[list[Event], int, int]:
+        """The events to store (over-quota ones summarised), how many were summarised, and how
+        many bytes of output that dropped."""
         b = self.buckets(node)
         out: list[Event] = []
-        dropped = 0
+        dropped = dropped_bytes = 0
         for e in events:
             size = event_bytes(e)
             within = b.events.take(1.0) and (size == 0 or b.output.take(size))
@@ -98,7 +100,8 @@ class NodeQuotas:
             else:
                 out.append(summarised(e))
                 dropped += 1
-        return out, dropped
+                dropped_bytes += size
+        return out, dropped, dropped_bytes
 
     def renewal(self, node: str) -> bool:
         """One certificate renewal for ``node``, if within its rate."""
@@ -109,10 +112,12 @@ class NodeQuotas:
         bucket = self.buckets(node).connects
         return 0.0 if bucket.take() else retry_after(bucket)
 
-    def pause(self, node: str) -> float:
-        """How long to stop reading from ``node`` after it went over its output quota: until the
-        quota holds a full batch again, at most ``QUOTA_PAUSE_SECONDS``."""
-        return min(QUOTA_PAUSE_SECONDS, retry_after(self.buckets(node).output, EVENT_BATCH_BYTES))
+    @staticmethod
+    def pause(dropped_bytes: int) -> float:
+        """How long to stop reading from a node after it sent ``dropped_bytes`` over its output
+        quota: what is dropped is still read, but at most ``NODE_EXCESS_READ_BYTES_PER_SECOND``
+        (HTTP/2 flow control holds the node back meanwhile)."""
+        return min(QUOTA_PAUSE_SECONDS, dropped_bytes / NODE_EXCESS_READ_BYTES_PER_SECOND)
 
     def forget(self, node: str) -> None:
         self._nodes.pop(node, None)

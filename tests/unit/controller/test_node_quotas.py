@@ -91,12 +91,13 @@ async def test_output_over_the_node_quota_is_summarised_and_seq_stays_contiguous
 async def test_a_node_over_its_output_quota_is_read_more_slowly(
     service: tuple[AgentService, SqliteStore], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Backpressure: after a batch that went over the quota the reader pauses (HTTP/2 flow control
+    """Backpressure: after a batch that went over the quota the reader pauses for as long as
+    reading the dropped output at NODE_EXCESS_READ_BYTES_PER_SECOND takes (HTTP/2 flow control
     then holds the flooding node back); a batch within the quota never pauses."""
     import asyncio
 
     from controller import agent_service
-    from controller.limits import EVENT_BATCH_BYTES, QUOTA_PAUSE_SECONDS
+    from controller.limits import NODE_EXCESS_READ_BYTES_PER_SECOND, QUOTA_PAUSE_SECONDS
 
     svc, store = service
     pauses: list[float] = []
@@ -109,11 +110,12 @@ async def test_a_node_over_its_output_quota_is_read_more_slowly(
     monkeypatch.setattr(agent_service.asyncio, "sleep", sleep)
     node = store.get_node("n1")
     assert node is not None
-    svc.quotas.buckets("n1").output = TokenBucket(rate=EVENT_BATCH_BYTES / 4, burst=5_000)
+    svc.quotas.buckets("n1").output = TokenBucket(rate=0.0, burst=5_000)
     await svc._events(node, Session("n1", "e"), [output(1, 10)])
     assert pauses == []  # within the quota
-    await svc._events(node, Session("n1", "e"), [output(2, 100)])
-    assert pauses == [QUOTA_PAUSE_SECONDS]  # a full batch needs 4 s of quota: capped
+    await svc._events(node, Session("n1", "e"), [output(2, 100), output(3, 100)])
+    assert pauses == [pytest.approx(2 * 100 * 100 / NODE_EXCESS_READ_BYTES_PER_SECOND)]
+    assert svc.quotas.pause(10**12) == QUOTA_PAUSE_SECONDS  # never longer than this
 
 
 async def test_a_secret_split_across_two_output_lines_is_masked_before_storing(
