@@ -37,6 +37,11 @@ _ID_TAIL = re.compile(r"(?<![a-z0-9])[a-z0-9]{6}\.[ \t]*$")
 _TOKEN_REST = re.compile(r"^([ \t]*)[a-z0-9]{16}(?:[a-z0-9]{16})?(?![a-z0-9])")
 _VALUE_TAIL = re.compile(r"(?:(?<![\w-])" + _CARRIER_FLAGS + r"=?|(?i:certificate[ _-]key:?))[ \t]*$")
 _FIRST_WORD = re.compile(r"^([ \t]*)\S+")
+# Cheap tests that every shape above needs to match (a superset, searched with a literal first):
+# a dot then 16 token characters, on the same line or the next (token shapes, an id at a line's
+# end); "--" (the flags); "certificate", in SHAPES' own case-insensitive form.
+_TOKEN_HINT = re.compile(r"\.[ \t]*\n?[ \t]*[a-z0-9]{16}")
+_CERT_HINT = re.compile(r"(?i)certificate")
 
 
 class Secret:
@@ -133,6 +138,14 @@ class Redactor:
     def redact(self, text: str) -> str:
         return self.redact_cut(text)[0]
 
+    def holds_nothing(self, text: str) -> bool:
+        """True when ``text`` (one line or several) certainly holds nothing to mask: neither a
+        known value nor anything a shape could match. About ten times cheaper than masking."""
+        pattern = self._pattern
+        if pattern is not None and pattern.search(text):
+            return False
+        return "--" not in text and not _TOKEN_HINT.search(text) and not _CERT_HINT.search(text)
+
     def redact_cut(self, text: str, limit: int | None = None) -> tuple[str, bool]:
         """``text`` masked, then cut after ``limit`` characters of it; and whether it was cut.
 
@@ -141,6 +154,8 @@ class Redactor:
         """
         if not text:
             return text, False
+        if self.holds_nothing(text):
+            return (text, False) if limit is None or len(text) <= limit else (text[:limit], True)
         spans = _merged(self._spans(text))
         out: list[str] = []
         pos = 0
@@ -182,9 +197,9 @@ class LineRedactor:
         if self._rest is not None:
             text = self._rest.sub(lambda m: m.group(1) + MASK, line, count=1)
         self._rest = None
-        if _VALUE_TAIL.search(line):
+        if ("--" in line or _CERT_HINT.search(line)) and _VALUE_TAIL.search(line):
             self._rest = _FIRST_WORD
-        elif _ID_TAIL.search(line):
+        elif line.rstrip(" \t").endswith(".") and _ID_TAIL.search(line):
             self._rest = _TOKEN_REST
         return self.redactor.redact_cut(text, limit)
 
