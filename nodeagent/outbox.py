@@ -58,13 +58,20 @@ class Outbox:
         return stamped
 
     def pending(
-        self, after_seq: int = 0, limit: int = EVENT_BATCH_COUNT, max_bytes: int = EVENT_BATCH_BYTES
+        self,
+        after_seq: int = 0,
+        limit: int = EVENT_BATCH_COUNT,
+        max_bytes: int = EVENT_BATCH_BYTES,
+        up_to: int | None = None,
     ) -> list[Event]:
-        """The next batch after ``after_seq``: at most ``limit`` events, ``max_bytes`` encoded.
+        """The next batch after ``after_seq``: at most ``limit`` events, ``max_bytes`` encoded,
+        none past ``up_to`` (something else must go out right after it: a step's secrets).
 
         Never empty while events wait: the first always fits (``bounds.shrink`` cuts one that an
         older agent stored too large), so no event can wedge the outbox.
         """
+        if up_to is not None:
+            limit = max(0, min(limit, up_to - after_seq))
         rows = self._db.conn.execute(
             "SELECT body FROM outbox WHERE seq>? ORDER BY seq LIMIT ?", (after_seq, limit)
         )

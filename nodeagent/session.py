@@ -333,8 +333,9 @@ class Agent:
             while not self._control.empty():
                 await call.write(self._control.get_nowait())
             await self._write_secrets(call, last_sent, sent_secrets)
-            # Bounded in bytes (EVENT_BATCH_BYTES) and in events, far below the controller's limit.
-            events = self.executor.outbox.pending(after_seq=last_sent)
+            # Bounded in bytes (EVENT_BATCH_BYTES) and in events, far below the controller's limit,
+            # and never past the events a step's secrets wait for (they go out right after them).
+            events = self.executor.outbox.pending(after_seq=last_sent, up_to=self._secrets_due(sent_secrets))
             if events:
                 # Only what is on disk leaves the node: a power cut must not take back an event
                 # the controller holds (its number would be given to another one).
@@ -343,6 +344,11 @@ class Agent:
                 last_sent = events[-1].seq
                 continue
             await self._kick.wait()
+
+    def _secrets_due(self, sent: set[int]) -> int | None:
+        """The seq of the last event before the first step secrets not yet written on this stream."""
+        waiting = [after for serial, after, _ in self._unacked_secrets.values() if serial not in sent]
+        return min(waiting) if waiting else None
 
     async def _write_secrets(
         self,

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from nodeagent import logs
-from nodeagent.errors import AgentError, TaskFailed
+from nodeagent.errors import AgentError, StateError, TaskFailed
 from nodeagent.secrets import PROCESS_REDACTOR
 from nodeagent.statedb import DB_NAME, corrupt_message, is_corrupt
 
@@ -50,7 +50,8 @@ def no_space(exc: BaseException) -> bool:
 def local_fault(exc: BaseException) -> bool:
     """Whether ``exc`` is this host's state failing (database, disk), which no reconnect mends."""
     return any(
-        isinstance(e, sqlite3.Error) or (isinstance(e, OSError) and e.errno in _LOCAL) for e in _chain(exc)
+        isinstance(e, (sqlite3.Error, StateError)) or (isinstance(e, OSError) and e.errno in _LOCAL)
+        for e in _chain(exc)
     )
 
 

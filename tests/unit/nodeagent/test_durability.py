@@ -142,3 +142,44 @@ def test_step_secrets_leave_after_the_events_emitted_before_them(tmp_path: Path)
 
     assert asyncio.run(scenario()) == ["events", "secrets"]
     agent.db.close()
+
+
+def test_a_step_that_ended_before_its_events_left_still_sends_its_secrets_before_its_end(
+    tmp_path: Path,
+) -> None:
+    """The stream was down while the init step ran: STARTED, its output and SUCCEEDED all wait
+    in the outbox. The secrets go right after the events before them, not after SUCCEEDED (the
+    controller takes a step's material only while the step runs)."""
+    agent = Agent(AgentConfig(controller="127.0.0.1:1", state_dir=tmp_path / "state"))
+
+    async def scenario() -> list[tuple[str, list[str]]]:
+        agent.executor.emit(Event(kind=EventKind.STARTED, step="kubeadm-init", attempt=1))
+        agent.executor.emit(Event(kind=EventKind.OUTPUT, step="kubeadm-init", lines=("ok",)))
+        agent._on_step_secrets("kubeadm-init", {"token": "x"}, {})
+        agent.executor.emit(Event(kind=EventKind.SUCCEEDED, step="kubeadm-init", attempt=1))
+        seen: list[tuple[str, list[str]]] = []
+
+        class Call:
+            async def write(self, msg: Any) -> None:
+                kind = msg.WhichOneof("kind")
+                kinds = [EventKind(e.kind).label for e in msg.events.events] if kind == "events" else []
+                seen.append((kind, kinds))
+
+        writer = asyncio.create_task(agent._writer(Call(), 0))  # type: ignore[arg-type]
+        try:
+            for _ in range(100):
+                if len(seen) >= 3:
+                    break
+                await asyncio.sleep(0.01)
+        finally:
+            writer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await writer
+        return seen
+
+    assert asyncio.run(scenario()) == [
+        ("events", ["started", "output"]),
+        ("secrets", []),
+        ("events", ["succeeded"]),
+    ]
+    agent.db.close()
