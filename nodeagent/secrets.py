@@ -23,8 +23,10 @@ MIN_SECRET_LEN = 6
 # Flags whose value is a secret.
 _CARRIER_FLAGS = "--(?:token|discovery-token|tls-bootstrap-token|certificate-key)"
 SHAPES: tuple[re.Pattern[str], ...] = (
-    # A kubeadm bootstrap token (id.16) or a tether join token (id.32): an id and at least 16 more.
-    re.compile(r"(?<![a-z0-9])[a-z0-9]{6}\.[a-z0-9]{16,}"),
+    # A kubeadm bootstrap token (id.16) or a tether join token (id.32), exactly: host names such
+    # as static.cloudflareinsights.com or API groups such as policy.admissionregistration.k8s.io
+    # are longer words and stay as they are.
+    re.compile(r"(?<![a-z0-9])[a-z0-9]{6}\.[a-z0-9]{16}(?:[a-z0-9]{16})?(?![a-z0-9])"),
     # Whatever follows a flag that carries a secret, in either form (space or "=").
     re.compile(r"(?<![\w-])" + _CARRIER_FLAGS + r"(?:=|[ \t]+)['\"]?(?P<s>[^\s'\"]+)"),
     # A certificate key printed on its own (kubeadm: "Using certificate key:" then the value).

@@ -226,3 +226,15 @@ def test_base64_of_a_held_secret_is_masked_alone_and_inside_a_longer_encoding(be
             core = base64.b64encode(bytes(offset) + secret.encode()).decode()[4:-4]
             assert core not in out, (offset, out)
         assert alone[:-4] not in out
+
+
+def test_host_names_and_api_groups_are_not_taken_for_tokens() -> None:
+    r = Redactor()
+    for line in (
+        "GET https://static.cloudflareinsights.com/beacon.min.js",
+        "apiVersion: policy.admissionregistration.k8s.io/v1",
+        "pulling images.githubusercontent.com/org/image",
+    ):
+        assert r.redact(line) == line
+    assert MASK in r.redact("kubeadm join --discovery-token abcdef.0123456789abcdef")
+    assert MASK in r.redact("bootstrap token abcdef.0123456789abcdef used")
