@@ -19,6 +19,8 @@ EVENT_BATCH_BYTES = 512 * KiB
 EVENT_BATCH_COUNT = 500
 # One output line as it leaves the node; a longer one is cut and says so.
 MAX_LINE_BYTES = 8 * KiB
+# What one step may hand back as secrets and outputs (join material, a kubeconfig), in all.
+STEP_SECRETS_BYTES = 256 * KiB
 # Envelope room on top of the largest legitimate payload (field tags, the other fields).
 ENVELOPE_BYTES = 64 * KiB
 # What the controller accepts in one message: the largest legitimate one plus its envelope.

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from nodeagent.bounds import cut_text
-from nodeagent.limits import MAX_LINE_BYTES
+from nodeagent.limits import MAX_LINE_BYTES, STEP_SECRETS_BYTES
 from nodeagent.model import Step
 from nodeagent.secrets import LineRedactor, Redactor
 
@@ -92,6 +92,10 @@ def _read_kv(path: Path) -> dict[str, str]:
         if m:
             out[m.group(1)] = m.group(2)
     return out
+
+
+def _kv_bytes(values: Mapping[str, str]) -> int:
+    return sum(len(k.encode()) + len(v.encode()) for k, v in values.items())
 
 
 def kill_group(pgid: int, sig: int = signal.SIGKILL) -> bool:
@@ -289,15 +293,22 @@ class Runner:
         secrets = _read_kv(work / "secrets")
         if secrets:
             self.redactor.add(*secrets.values())
+        outputs = _read_kv(work / "outputs")
         code = TIMEOUT_EXIT_CODE if timed_out else (proc.returncode if proc.returncode is not None else -1)
+        error = f"timed out after {step.timeout_seconds}s" if timed_out else ""
+        size = _kv_bytes(secrets) + _kv_bytes(outputs)
+        if size > STEP_SECRETS_BYTES:  # it could never reach the controller: fail, do not resend
+            secrets, outputs = {}, {}
+            code = code or 1
+            error = f"the step's secrets and outputs are {size} bytes, over the limit of {STEP_SECRETS_BYTES}"
         return StepResult(
             exit_code=code,
             duration_seconds=duration,
             timed_out=timed_out,
             observed={k: redact_line(v, self.redactor) for k, v in observed.items()},
             secrets=secrets,
-            outputs=_read_kv(work / "outputs"),
-            error=f"timed out after {step.timeout_seconds}s" if timed_out else "",
+            outputs=outputs,
+            error=error,
             reboot_needed=not (work / "no-reboot").exists(),
         )
 

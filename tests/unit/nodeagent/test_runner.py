@@ -101,6 +101,19 @@ async def test_provenance_and_secret_outputs_are_collected_and_secrets_redacted(
     assert runner.redactor.redact("x supersecretvalue42") == "x [REDACTED]"
 
 
+async def test_secrets_too_large_to_reach_the_controller_fail_the_step(tmp_path: Path) -> None:
+    """They could never be sent (the controller's receive limit): the step fails with one line
+    instead of the agent resending a message the controller refuses, forever."""
+    from nodeagent.limits import STEP_SECRETS_BYTES
+
+    script = f'head -c {STEP_SECRETS_BYTES + 10} /dev/zero | tr "\\0" a | sed "s/^/KUBECONFIG=/" >> "$TETHER_SECRETS_OUT"\n'
+    result = await make_runner(tmp_path).run(Step(name="s", script=script).sealed(), Sink())
+    assert not result.ok and result.secrets == {} and result.outputs == {}
+    assert result.error == (
+        f"the step's secrets and outputs are {STEP_SECRETS_BYTES + 20} bytes, over the limit of {STEP_SECRETS_BYTES}"
+    )
+
+
 async def test_known_secret_values_never_leave_in_output(tmp_path: Path) -> None:
     sink = Sink()
     runner = make_runner(tmp_path)
