@@ -106,11 +106,12 @@ async def test_secrets_too_large_to_reach_the_controller_fail_the_step(tmp_path:
     instead of the agent resending a message the controller refuses, forever."""
     from nodeagent.limits import STEP_SECRETS_BYTES
 
-    script = f'head -c {STEP_SECRETS_BYTES + 10} /dev/zero | tr "\\0" a | sed "s/^/KUBECONFIG=/" >> "$TETHER_SECRETS_OUT"\n'
+    size = STEP_SECRETS_BYTES + 10
+    script = f'head -c {size} /dev/zero | tr "\\0" a | sed "s/^/KUBECONFIG=/" >> "$TETHER_SECRETS_OUT"\n'
     result = await make_runner(tmp_path).run(Step(name="s", script=script).sealed(), Sink())
     assert not result.ok and result.secrets == {} and result.outputs == {}
     assert result.error == (
-        f"the step's secrets and outputs are {STEP_SECRETS_BYTES + 20} bytes, over the limit of {STEP_SECRETS_BYTES}"
+        f"the step's secrets and outputs are {size + 10} bytes, over the limit of {STEP_SECRETS_BYTES}"
     )
 
 
