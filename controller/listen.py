@@ -21,7 +21,7 @@ class ListenError(ControllerError):
 
 
 def parse(address: str) -> tuple[str, int]:
-    """``HOST:PORT`` (or ``[V6]:PORT``) as (host, port); the host may be empty (every address)."""
+    """``HOST:PORT`` (or ``[V6]:PORT``) as (host, port)."""
     host, sep, port = address.rpartition(":")
     if not sep or not port.isdigit():
         raise ListenError(f"invalid listen address {address!r}: expected HOST:PORT (port 0 picks a free one)")
@@ -30,6 +30,11 @@ def parse(address: str) -> tuple[str, int]:
         raise ListenError(f"invalid listen address {address!r}: port {number} is not in 0-{MAX_PORT}")
     if host.startswith("[") != host.endswith("]"):
         raise ListenError(f"invalid listen address {address!r}: unbalanced brackets around the host")
+    if not host.strip("[]"):
+        raise ListenError(
+            f"invalid listen address {address!r}: name the host "
+            f"(0.0.0.0:{number} or [::]:{number} for every address)"
+        )
     return host.strip("[]"), number
 
 

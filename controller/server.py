@@ -87,14 +87,33 @@ class Controller:
         self.address = ""
 
     async def start(self) -> App:
+        """Check the address, then create what is missing; a failure leaves no new state behind."""
         config = self.config
         host, _ = preflight(config.listen)  # before anything exists on disk
         created = not config.data_dir.exists()
         config.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        ca = CertificateAuthority.load_or_create(config.data_dir / "pki")
-        store = SqliteStore(config.data_dir / "tether.db")
+        store: SqliteStore | None = None
+        try:
+            ca = CertificateAuthority.load_or_create(config.data_dir / "pki")
+            store = SqliteStore(config.data_dir / "tether.db")
+            return await self._serve(ca, store, host)
+        except BaseException:
+            if store is not None:
+                await store.close()
+            if created:
+                shutil.rmtree(config.data_dir, ignore_errors=True)
+            raise
+
+    def _bind(self, ca: CertificateAuthority, host: str) -> tuple[grpc.aio.Server, int, str]:
+        """The server, bound: (server, port, the host agents are told)."""
+        config = self.config
         hosts, advertise_host = _serving_names(config, host)
-        key_pem, chain_pem = ca.server_credentials(hosts)
+        try:
+            key_pem, chain_pem = ca.server_credentials(hosts)
+        except ValueError as exc:
+            raise ListenError(
+                f"invalid name for the serving certificate (--san, --advertise): {exc}"
+            ) from None
         creds = grpc.ssl_server_credentials(
             [(key_pem, chain_pem)],
             root_certificates=ca.cert_pem + anonymous.CERT_PEM,
@@ -104,12 +123,17 @@ class Controller:
             options=server_options(config.max_document_bytes),
             interceptors=[Guard(enroll=enroll_bucket(config))],
         )
-        bound = server.add_secure_port(config.listen, creds)
-        if bound == 0:  # taken between the pre-flight and now
-            await store.close()
-            if created:
-                shutil.rmtree(config.data_dir, ignore_errors=True)
+        try:
+            bound = server.add_secure_port(config.listen, creds)
+        except RuntimeError:  # gRPC raises when it cannot bind (taken since the pre-flight)
+            bound = 0
+        if bound == 0:
             raise ListenError(f"cannot listen on {config.listen}")
+        return server, bound, advertise_host
+
+    async def _serve(self, ca: CertificateAuthority, store: SqliteStore, host: str) -> App:
+        config = self.config
+        server, bound, advertise_host = self._bind(ca, host)
         self.address = _join_host(host, bound)
         advertise = config.advertise or _join_host(advertise_host, bound)
         hub = Hub()

@@ -39,6 +39,7 @@ def busy_port() -> Iterator[int]:
         ("127.0.0.1:", "expected HOST:PORT"),
         ("no-such-host.invalid:7443", "unknown host 'no-such-host.invalid'"),
         ("192.0.2.1:0", "cannot listen on 192.0.2.1:0"),  # not an address of this machine
+        (":7443", "name the host (0.0.0.0:7443 or [::]:7443 for every address)"),
     ],
 )
 def test_a_bad_listen_address_is_one_line_and_creates_nothing(tmp_path: Path, listen: str, says: str) -> None:
@@ -48,6 +49,17 @@ def test_a_bad_listen_address_is_one_line_and_creates_nothing(tmp_path: Path, li
     lines = run.stderr.splitlines()
     assert len(lines) == 1, run.stderr
     assert lines[0].startswith("tether-controller: ") and says in lines[0], lines
+    assert not data_dir.exists()
+
+
+def test_a_bad_certificate_name_is_one_line_and_leaves_nothing_behind(tmp_path: Path) -> None:
+    """Found once the CA exists (the serving certificate is made from it): what this run created
+    is removed again."""
+    data_dir = tmp_path / "state"
+    run = _serve(data_dir, "--listen", "127.0.0.1:0", "--san", "bad_\u00fc")
+    assert run.returncode != 0
+    lines = run.stderr.splitlines()
+    assert len(lines) == 1 and "invalid name for the serving certificate" in lines[0], run.stderr
     assert not data_dir.exists()
 
 
