@@ -213,6 +213,7 @@ class AgentService(wire.AgentServiceServicer):
     ) -> None:
         app = self.app
         node = await self._greet(node, hello, presented)
+        session.stored_seq = node.stored_seq
         await context.write(
             wire.agent.ControllerMessage(
                 welcome=wire.agent.Welcome(node_name=node.name, stored_seq=node.stored_seq)
@@ -342,21 +343,28 @@ class AgentService(wire.AgentServiceServicer):
         HTTP/2 flow control, so a flood costs the controller little and the other nodes nothing.
         """
         app = self.app
-        events, dropped, dropped_bytes = self.quotas.apply(node.name, [wire.event_from_pb(m) for m in raw])
-        if dropped:
+        # Events sent again (a lost ack, a reconnect) are stored already: never charged twice.
+        charged = self.quotas.apply(
+            node.name, [wire.event_from_pb(m) for m in raw if m.seq > session.stored_seq]
+        )
+        events = charged.events
+        if charged.summarised:
             REFUSALS.refused(
-                "output over the node's quota summarised, not stored", node=node.name, events=dropped
+                "output over the node's quota summarised, not stored",
+                node=node.name,
+                events=charged.summarised,
             )
         for i, e in enumerate(events):
             if e.lines or e.message or e.observed:
                 events[i] = await _redacted(e, app.redactor)
-        stored = await app.store.append_events(node.name, events)
+        stored = await app.store.append_events(node.name, events) if events else session.stored_seq
+        session.stored_seq = max(session.stored_seq, stored)
         session.send(wire.agent.ControllerMessage(ack=wire.agent.Ack(seq=stored)))
         # A generator: the copies are made only when someone follows this node's events.
         app.hub.publish(node.name, node.environment, (replace(e, node=node.name) for e in events))
         await app.cluster.on_events(node, events)
-        if dropped:
-            await asyncio.sleep(self.quotas.pause(dropped_bytes))
+        if charged.over_bytes or charged.over_events:
+            await asyncio.sleep(self.quotas.pause(charged))
 
     async def _save_health(self, node: NodeRecord, session: Session) -> None:
         """The first report of a stream, then one a minute, goes to the store."""

@@ -25,6 +25,7 @@ class Session:
     connected_at: float = field(default_factory=time.monotonic)
     last_seen: float = field(default_factory=time.monotonic)
     health_saved: float = 0.0
+    stored_seq: int = 0  # the node's events stored up to here (what was acknowledged on this stream)
     closed: asyncio.Event = field(default_factory=asyncio.Event)
     # The latest health report as it arrived, decoded only when someone reads ``health``:
     # heartbeats are the most frequent message, and most are never looked at.

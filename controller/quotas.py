@@ -25,6 +25,8 @@ from controller.limits import (
 from nodeagent.limits import KiB, MiB
 from nodeagent.model import Event
 
+MAX_STEP_NAME = 253  # what a summarised event keeps of its step name and digest
+MAX_DIGEST = 64
 QUOTA_MARKER = "[tether: {lines} lines, {size} of output dropped: node over its output quota]"
 
 
@@ -37,18 +39,38 @@ def _size(n: int) -> str:
 
 
 def event_bytes(e: Event) -> int:
-    """What storing ``e``'s free text costs (lines, message, observed values)."""
+    """What storing ``e``'s free text costs (lines, message, observed values, its step's name and
+    digest: each is stored, so each is charged)."""
     return (
         sum(len(line) for line in e.lines)
         + len(e.message)
         + sum(len(k) + len(v) for k, v in e.observed.items())
+        + len(e.step)
+        + len(e.digest)
     )
+
+
+@dataclass
+class Charged:
+    """A batch after its quotas: the events to store, and how far over the quotas it went."""
+
+    events: list[Event]
+    summarised: int = 0  # events whose output was replaced by the marker
+    over_bytes: int = 0  # output dropped
+    over_events: int = 0  # events past the events quota
 
 
 def summarised(e: Event) -> Event:
     """``e`` with its output replaced by one marker line (everything else kept)."""
     marker = QUOTA_MARKER.format(lines=len(e.lines), size=_size(event_bytes(e)))
-    return replace(e, lines=(marker,), message=marker if e.message else "", observed={})
+    return replace(
+        e,
+        step=e.step[:MAX_STEP_NAME],
+        digest=e.digest[:MAX_DIGEST],
+        lines=(marker,),
+        message=marker if e.message else "",
+        observed={},
+    )
 
 
 @dataclass
@@ -86,22 +108,23 @@ class NodeQuotas:
             b = self._nodes[node] = NodeBuckets()
         return b
 
-    def apply(self, node: str, events: Sequence[Event]) -> tuple[list[Event], int, int]:
-        """The events to store (over-quota ones summarised), how many were summarised, and how
-        many bytes of output that dropped."""
+    def apply(self, node: str, events: Sequence[Event]) -> Charged:
+        """Charge ``events`` to ``node``'s quotas: what to store (over-quota output summarised)
+        and how far over the quotas the batch went."""
         b = self.buckets(node)
-        out: list[Event] = []
-        dropped = dropped_bytes = 0
+        out = Charged([])
         for e in events:
             size = event_bytes(e)
-            within = b.events.take(1.0) and (size == 0 or b.output.take(size))
-            if within or size <= len(QUOTA_MARKER):
-                out.append(e)
+            counted = b.events.take(1.0)
+            if not counted:
+                out.over_events += 1
+            if (counted and (size == 0 or b.output.take(size))) or size <= len(QUOTA_MARKER):
+                out.events.append(e)
             else:
-                out.append(summarised(e))
-                dropped += 1
-                dropped_bytes += size
-        return out, dropped, dropped_bytes
+                out.events.append(summarised(e))
+                out.summarised += 1
+                out.over_bytes += size
+        return out
 
     def renewal(self, node: str) -> bool:
         """One certificate renewal for ``node``, if within its rate."""
@@ -113,11 +136,15 @@ class NodeQuotas:
         return 0.0 if bucket.take() else retry_after(bucket)
 
     @staticmethod
-    def pause(dropped_bytes: int) -> float:
-        """How long to stop reading from a node after it sent ``dropped_bytes`` over its output
-        quota: what is dropped is still read, but at most ``NODE_EXCESS_READ_BYTES_PER_SECOND``
-        (HTTP/2 flow control holds the node back meanwhile)."""
-        return min(QUOTA_PAUSE_SECONDS, dropped_bytes / NODE_EXCESS_READ_BYTES_PER_SECOND)
+    def pause(charged: Charged) -> float:
+        """How long to stop reading from a node after a batch that went over its quotas: what is
+        over is still read, but at most ``NODE_EXCESS_READ_BYTES_PER_SECOND`` and
+        ``NODE_EVENTS_PER_SECOND`` (HTTP/2 flow control holds the node back meanwhile)."""
+        seconds = (
+            charged.over_bytes / NODE_EXCESS_READ_BYTES_PER_SECOND
+            + charged.over_events / NODE_EVENTS_PER_SECOND
+        )
+        return min(QUOTA_PAUSE_SECONDS, seconds)
 
     def forget(self, node: str) -> None:
         self._nodes.pop(node, None)

@@ -98,6 +98,7 @@ async def test_a_node_over_its_output_quota_is_read_more_slowly(
 
     from controller import agent_service
     from controller.limits import NODE_EXCESS_READ_BYTES_PER_SECOND, QUOTA_PAUSE_SECONDS
+    from controller.quotas import Charged
 
     svc, store = service
     pauses: list[float] = []
@@ -114,8 +115,39 @@ async def test_a_node_over_its_output_quota_is_read_more_slowly(
     await svc._events(node, Session("n1", "e"), [output(1, 10)])
     assert pauses == []  # within the quota
     await svc._events(node, Session("n1", "e"), [output(2, 100), output(3, 100)])
-    assert pauses == [pytest.approx(2 * 100 * 100 / NODE_EXCESS_READ_BYTES_PER_SECOND)]
-    assert svc.quotas.pause(10**12) == QUOTA_PAUSE_SECONDS  # never longer than this
+    assert pauses == [pytest.approx(2 * (100 * 100 + len("s")) / NODE_EXCESS_READ_BYTES_PER_SECOND)]
+    assert svc.quotas.pause(Charged([], over_bytes=10**12)) == QUOTA_PAUSE_SECONDS  # never longer
+
+
+async def test_long_step_names_and_many_small_events_are_charged_too(
+    service: tuple[AgentService, SqliteStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The step name is stored, so it is charged like output (and cut when summarised); past the
+    events quota the node is read more slowly even when each event is tiny; a batch sent again
+    is never charged twice."""
+    from controller import agent_service, wire
+    from controller.limits import NODE_EVENTS_PER_SECOND
+
+    svc, store = service
+    pauses: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        pauses.append(seconds)
+
+    monkeypatch.setattr(agent_service.asyncio, "sleep", sleep)
+    node = store.get_node("n1")
+    assert node is not None
+    svc.quotas.buckets("n1").output = TokenBucket(rate=0.0, burst=5_000)
+    long_step = [wire.event_to_pb(Event(kind=EventKind.INFO, step="s" * 10_000, seq=1))]
+    session = Session("n1", "e")
+    await svc._events(node, session, long_step)
+    assert len(store.list_events("n1")[0].step) <= 253 and len(pauses) == 1
+    svc.quotas.buckets("n1").events = TokenBucket(rate=0.0, burst=0)
+    tiny = [wire.event_to_pb(Event(kind=EventKind.INFO, step="s", seq=seq)) for seq in range(2, 102)]
+    await svc._events(node, session, tiny)
+    assert pauses[-1] == pytest.approx(100 / NODE_EVENTS_PER_SECOND)
+    await svc._events(node, session, tiny)  # sent again: stored already, nothing charged
+    assert len(pauses) == 2
 
 
 async def test_a_secret_split_across_two_output_lines_is_masked_before_storing(
