@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from cryptography import x509
+from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 
 from controller import tokens, wire
@@ -53,11 +54,11 @@ def csr_key_hash(csr_pem: bytes) -> str:
     """SHA-256 of the CSR's public key (SubjectPublicKeyInfo DER): the node's identity key."""
     try:
         csr = x509.load_pem_x509_csr(csr_pem)
-    except ValueError as exc:
+        der = csr.public_key().public_bytes(
+            serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    except (ValueError, UnsupportedAlgorithm) as exc:  # the key is read only here: a bad one too
         raise InvalidArgument(f"invalid CSR: {exc}") from None
-    der = csr.public_key().public_bytes(
-        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
-    )
     return hashlib.sha256(der).hexdigest()
 
 

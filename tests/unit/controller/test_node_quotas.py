@@ -15,7 +15,7 @@ from controller import enrollment, tokens
 from controller.agent_service import AgentService
 from controller.auth import Kind, Principal
 from controller.ca import CertificateAuthority
-from controller.errors import ResourceExhausted, StoreError
+from controller.errors import InvalidArgument, ResourceExhausted, StoreError
 from controller.hub import Hub, Session
 from controller.limits import NODE_CONNECTS_PER_MINUTE, NODE_RENEWALS_PER_HOUR, TokenBucket
 from controller.store import NodeRecord, SqliteStore
@@ -223,3 +223,19 @@ def test_a_corrupt_database_is_a_store_error_naming_the_file(tmp_path: Path) -> 
 def test_values_with_a_trailing_newline_do_not_match() -> None:
     assert enrollment.NODE_NAME_RE.fullmatch("n1\n") is None
     assert tokens.TOKEN_RE.fullmatch("abcdef." + "a" * 32 + "\n") is None
+
+
+def test_a_csr_with_a_key_of_unknown_type_is_invalid_argument_not_internal() -> None:
+    import base64
+
+    ec_key = bytes.fromhex("06072a8648ce3d0201")  # id-ecPublicKey
+    der = base64.b64decode(b"".join(make_csr(generate_key(), "n1").split(b"\n")[1:-2]))
+    assert ec_key in der
+    bad = der.replace(ec_key, bytes.fromhex("06072a8648ce3d0209"))
+    pem = (
+        b"-----BEGIN CERTIFICATE REQUEST-----\n"
+        + base64.encodebytes(bad)
+        + b"-----END CERTIFICATE REQUEST-----\n"
+    )
+    with pytest.raises(InvalidArgument, match="invalid CSR: Unknown key type"):
+        enrollment.csr_key_hash(pem)
