@@ -209,7 +209,11 @@ class Orchestrator:
         if state is not None:
             state.waiters.pop(node.name, None)
         if self.init_node(env) == node.name and not self._joined(node.name):
-            await self._store.kv_delete(_key(env, "init-node"))
+            # What it may have sent before kubeadm init finished goes too: the next init node's
+            # material must be taken, and nobody may join the revoked machine's cluster.
+            for name in ("init-node", "init-material", "material", "kubeconfig"):
+                await self._store.kv_delete(_key(env, name))
+            self._material.pop(env, None)
             log.warning(
                 "the chosen init node was revoked before kubeadm init; choosing again",
                 environment=env,

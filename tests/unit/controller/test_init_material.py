@@ -14,6 +14,7 @@ from controller.cluster import material as m
 from controller.cluster.context import INIT_STEP, JOIN_STEP
 from controller.cluster.kubeconfig import KubeconfigRefused, sanitise
 from controller.store import SqliteStore
+from nodeagent.model import Plan, Step
 from tests.unit.controller.test_cluster import OUTPUTS, SPEC, TOKEN, Cluster
 
 HOSTILE = {
@@ -124,3 +125,20 @@ async def test_a_revoked_control_plane_neither_refreshes_nor_sends_material(clus
     fresh = {m.TOKEN: "zzzzzz.0123456789zzzzzz", m.CA_HASH: OUTPUTS[m.CA_HASH]}
     await cluster.orch.secrets_received(cp1, "refresh-join-material", fresh, "refresh-anything")
     assert cluster.releases("w-1") == []
+
+
+async def test_an_init_node_revoked_before_init_finished_takes_its_material_with_it(cluster: Cluster) -> None:
+    cp1 = await cluster.node("cp-1", "control-plane")
+    cp2 = await cluster.node("cp-2", "control-plane")
+    assert cluster.orch.init_node("c1") == "cp-1"
+    assert await cluster.init(cp1)  # sent while kubeadm-init ran; then the machine is revoked
+    await cluster.store.update_node("cp-1", revoked=True)
+    await cluster.orch.node_revoked(cp1)
+    assert cluster.orch.material("c1") is None  # nobody joins the revoked machine's cluster
+    await cluster.orch.context(cp2)
+    assert cluster.orch.init_node("c1") == "cp-2"
+    await cluster.store.set_node_plan("cp-2", Plan.build([Step(name=INIT_STEP, script="x")]))  # re-rendered
+    fresh = {**OUTPUTS, m.TOKEN: "yyyyyy.0123456789yyyyyy"}
+    assert await cluster.init(cp2, fresh)
+    material = cluster.orch.material("c1")
+    assert material is not None and material.token == "yyyyyy.0123456789yyyyyy"
