@@ -17,6 +17,8 @@ from typing import Any
 
 import yaml
 
+from controller.spec import bounded_yaml
+
 # Per section of a kubeconfig: the keys that are removed wherever they appear.
 UNSAFE_USER_KEYS = frozenset(
     {
@@ -56,8 +58,8 @@ def _strip(entries: Any, inner: str, unsafe: frozenset[str], removed: list[str])
 def sanitise(b64: str) -> tuple[str, list[str]]:
     """(the kubeconfig without unsafe settings, base64 like the input; the settings removed)."""
     try:
-        doc = yaml.safe_load(base64.b64decode(b64, validate=True))
-    except (binascii.Error, ValueError, yaml.YAMLError):
+        doc = bounded_yaml.load(base64.b64decode(b64, validate=True).decode())
+    except (binascii.Error, ValueError, yaml.YAMLError):  # bounded: depth, size, aliases
         raise KubeconfigRefused("the kubeconfig is not base64-encoded YAML") from None
     if not isinstance(doc, dict) or doc.get("kind", "Config") != "Config":
         raise KubeconfigRefused("the document is not a kubeconfig (kind: Config)")

@@ -537,7 +537,9 @@ class Orchestrator:
             raise NotFound(
                 f"environment {environment!r} has no kubeconfig yet (kubeadm init has not finished)"
             )
-        doc = yaml.safe_load(base64.b64decode(self._box.open(blob, key)))
+        # Cleaned again on the way out: one stored by an older controller was kept as sent.
+        clean, _ = sanitise(self._box.open(blob, key).decode())
+        doc = yaml.safe_load(base64.b64decode(clean))
         address = server or self._endpoint(environment)
         if not address:
             raise FailedPrecondition("no API endpoint is known; pass --server HOST:PORT")

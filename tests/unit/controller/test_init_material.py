@@ -142,3 +142,19 @@ async def test_an_init_node_revoked_before_init_finished_takes_its_material_with
     assert await cluster.init(cp2, fresh)
     material = cluster.orch.material("c1")
     assert material is not None and material.token == "yyyyyy.0123456789yyyyyy"
+
+
+async def test_a_kubeconfig_stored_before_the_cleaning_is_cleaned_on_the_way_out(cluster: Cluster) -> None:
+    await cluster.node("cp-1", "control-plane")
+    key = "cluster/c1/kubeconfig"
+    assert cluster.store.kv_keys("cluster/c1/")  # the orchestrator's key layout
+    await cluster.store.kv_put(key, cluster.orch._box.seal(b64(HOSTILE).encode(), key))
+    doc = yaml.safe_load(cluster.orch.kubeconfig("c1", "10.0.0.2:6443"))
+    assert "exec" not in doc["users"][0]["user"]
+    assert "insecure-skip-tls-verify" not in doc["clusters"][0]["cluster"]
+
+
+def test_a_kubeconfig_nested_too_deep_is_refused_not_a_crash() -> None:
+    deep = base64.b64encode(("[" * 100_000 + "]" * 100_000).encode()).decode()
+    with pytest.raises(KubeconfigRefused):
+        sanitise(deep)
