@@ -138,14 +138,15 @@ class Controller:
         advertise = config.advertise or _join_host(advertise_host, bound)
         hub = Hub()
         box = SecretBox.load_or_create(config.data_dir / "pki" / "secrets.key")
-        cluster = Orchestrator(store, hub, box, PROCESS_REDACTOR)
+        planner = Planner(store)
+        cluster = Orchestrator(store, hub, box, PROCESS_REDACTOR, specs=planner.spec)
         app = App(
             config=config,
             ca=ca,
             store=store,
             auth=Authenticator(ca, revoked=AdminRegistry(config.data_dir / "pki").is_revoked),
             hub=hub,
-            planner=Planner(store),
+            planner=planner,
             advertise=advertise,
             cluster=cluster,
             gates=cluster,

@@ -23,7 +23,7 @@ import base64
 import hmac
 import secrets
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import yaml
@@ -38,9 +38,9 @@ from controller.errors import FailedPrecondition, NotFound
 from controller.hub import Hub
 from controller.nodestate import node_state
 from controller.secretbox import SecretBox
-from controller.spec import load_document
+from controller.spec import LoadedSpec, load_document
 from controller.spec.model import ClusterSpec
-from controller.store import NodeRecord, Store
+from controller.store import EnvironmentRecord, NodeRecord, Store
 from nodeagent import logs
 from nodeagent.model import ClusterView, Event, EventKind, Role, health_from_dict, now_ms
 from nodeagent.secrets import Redactor
@@ -80,8 +80,18 @@ def _key(env: str, what: str) -> str:
 class Orchestrator:
     """The gate keeper for cluster environments (``controller.gates.GateKeeper``)."""
 
-    def __init__(self, store: Store, hub: Hub, box: SecretBox, redactor: Redactor) -> None:
+    def __init__(
+        self,
+        store: Store,
+        hub: Hub,
+        box: SecretBox,
+        redactor: Redactor,
+        specs: Callable[[EnvironmentRecord], LoadedSpec] | None = None,
+    ) -> None:
         self._store = store
+        # Parsed documents come from the planner's cache (parsed off the event loop at apply
+        # and at start-up); on their own (tests) they are parsed here.
+        self._parsed = specs or (lambda env: load_document(env.document))
         self._hub = hub
         self._box = box
         self._redactor = redactor
@@ -98,9 +108,10 @@ class Orchestrator:
             return None
         key = (env.name, env.generation)
         if key not in self._specs:
-            spec = load_document(env.document).spec
+            spec = self._parsed(env).spec
             kube = spec.kubernetes
             installer_ok = kube is not None and kube.install and kube.installer == "kubeadm"
+            self._specs = {k: v for k, v in self._specs.items() if k[0] != env.name}  # current only
             self._specs[key] = spec.cluster if (spec.cluster is not None and installer_ok) else None
         return self._specs[key]
 

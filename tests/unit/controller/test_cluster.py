@@ -437,3 +437,31 @@ async def test_refused_material_is_never_handed_out_again_to_that_node(cluster: 
         msg.command.task.step.name for msg in cluster.sent("cp-1") if msg.WhichOneof("kind") == "command"
     ]
     assert "refresh-join-material" in kinds
+
+
+async def test_the_cluster_spec_comes_from_the_planners_parsed_documents(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Documents are parsed off the event loop (at apply, at start-up) and kept by the planner;
+    the orchestrator never parses one itself on the loop when it is given them."""
+    from controller import planner as planner_module
+    from controller.cluster import orchestrator
+    from controller.planner import Planner
+
+    store = SqliteStore(tmp_path / "t.db")
+    await store.put_environment("c1", SPEC, "holodeck.nvidia.com/v1alpha1", {})
+    planner = Planner(store)
+    env = store.get_environment("c1")
+    assert env is not None
+    planner.spec(env)  # what apply and start-up do, in a worker thread
+
+    def no_parse(text: str) -> None:
+        raise AssertionError("parsed on the event loop")
+
+    monkeypatch.setattr(orchestrator, "load_document", no_parse)
+    monkeypatch.setattr(planner_module, "load_document", no_parse)
+    orch = Orchestrator(
+        store, Hub(), SecretBox.load_or_create(tmp_path / "k"), Redactor(), specs=planner.spec
+    )
+    assert orch.cluster_spec("c1") is not None
+    await store.close()
