@@ -131,7 +131,13 @@ class Guard(grpc.aio.ServerInterceptor):
         async def behavior(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             request = await self._admit(method, request, context, request_streaming)
             async with self._slot(self._unary, method, context):
-                return await inner(request, context)
+                try:
+                    return await inner(request, context)
+                finally:
+                    if method == ENROLL and _refused(context):
+                        # Only enrollments that happen count: junk (a wrong token, a bad CSR)
+                        # cannot use up the rate that real nodes need.
+                        self._enroll.give_back()
 
         return behavior
 
@@ -202,3 +208,9 @@ class Guard(grpc.aio.ServerInterceptor):
             "call refused", method=method, code=code.name, reason=message, peer=context.peer()
         )
         await context.abort(code, message)
+
+
+def _refused(context: grpc.aio.ServicerContext[Any, Any]) -> bool:
+    """The handler ended the call with an error (a success leaves no code set, or OK)."""
+    code: grpc.StatusCode | None = context.code()
+    return code is not None and code != grpc.StatusCode.OK

@@ -71,3 +71,7 @@ class TokenBucket:
             self.tokens -= amount
             return True
         return False
+
+    def give_back(self, amount: float = 1.0) -> None:
+        """Return what a ``take`` charged for work that did not happen after all."""
+        self.tokens = min(self.burst, self.tokens + amount)

@@ -115,6 +115,32 @@ def test_enrollments_over_the_rate_are_refused(log: _Log) -> None:
     assert len(log.lines) == 1  # three refusals, one log line (the rest counted)
 
 
+def test_refused_enrollments_do_not_use_up_the_rate() -> None:
+    """Junk (a wrong token) is refused by the handler and gives its share of the rate back, so an
+    anonymous caller cannot keep the real nodes out by spending it."""
+    guard = Guard(enroll=TokenBucket(rate=0.0, burst=3))
+
+    class Judging(_Service):
+        async def enroll(self, request: bytes, context: Any) -> bytes:
+            if request == b"junk":
+                await context.abort(grpc.StatusCode.PERMISSION_DENIED, "join token is invalid")
+            return b"ok"
+
+    async def body(address: str) -> list[grpc.StatusCode]:
+        junk = [(await _call(address, b"junk"))[0] for _ in range(10)]
+        assert junk == [grpc.StatusCode.PERMISSION_DENIED] * 10
+        return [(await _call(address, b"real"))[0] for _ in range(4)]
+
+    async def run() -> list[grpc.StatusCode]:
+        server, address = await _server(Judging(), guard)
+        try:
+            return await body(address)
+        finally:
+            await server.stop(None)
+
+    assert asyncio.run(run()) == [grpc.StatusCode.OK] * 3 + [grpc.StatusCode.RESOURCE_EXHAUSTED]
+
+
 def test_streams_of_open_methods_are_size_checked_per_message() -> None:
     guard = Guard(methods={"/t.S/Chat"}, message_bytes=16)
 
