@@ -81,9 +81,11 @@ class AgentService(wire.AgentServiceServicer):
         try:
             ask = enrollment.parse(request)
             # Cheap read-only check first, so refused tokens never cost a signature.
-            enrollment.check(
-                app.store, ask, app.store.get_token(ask.token_id), app.store.get_node(ask.node_name)
-            )
+            token, existing = app.store.get_token(ask.token_id), app.store.get_node(ask.node_name)
+            enrollment.check(app.store, ask, token, existing)
+            if enrollment.is_retry(ask, token, existing) and not self.quotas.renewal(ask.node_name):
+                # The same key again is a new certificate: as rare as a renewal.
+                raise ResourceExhausted("this node asked for certificates too often; try again later", 600.0)
             issued = app.ca.sign_node_csr(request.csr_pem, ask.node_name, app.config.node_cert_days)
             asked = ask
             node = await app.store.enroll_node(

@@ -117,6 +117,38 @@ def test_a_revoked_token_cannot_re_enroll_the_same_key(
     assert "revoked" in (exc.value.details() or "")
 
 
+def test_the_same_key_asking_again_and_again_is_rate_limited_like_renewals(
+    controller: Controller, agents: Callable[[str], Agent], tmp_path: Path
+) -> None:
+    """A lost reply is retried with the same key and token; that gives a new certificate, so it
+    is charged to the node's renewal quota (or a node could reissue certificates at will)."""
+    from controller.limits import NODE_RENEWALS_PER_HOUR
+
+    apply_env(controller, tmp_path, "rq", NOOP)
+    tok = token(controller, "rq")
+    agent = agents("n1")
+    agent.start(tok, ca_hash(controller))
+    wait_state(controller, ["n1"], "provisioned")
+    agent.kill()
+    ca = yaml.safe_load(controller.config.read_text())["ca"].encode()
+    creds = grpc.ssl_channel_credentials(ca, anonymous.key_pem(), anonymous.CERT_PEM)
+    channel = grpc.secure_channel(
+        controller.address, creds, options=[("grpc.ssl_target_name_override", CONTROLLER_SERVER_NAME)]
+    )
+    csr = make_csr((agent.state_dir / "key.pem").read_bytes(), "n1")
+    request = wire.agent.EnrollRequest(token=tok, csr_pem=csr, node_name="n1")
+    codes = []
+    for _ in range(int(NODE_RENEWALS_PER_HOUR) + 2):
+        try:
+            AgentServiceStub(channel).Enroll(request, timeout=10)
+            codes.append(grpc.StatusCode.OK)
+        except grpc.RpcError as exc:
+            codes.append(exc.code())
+    channel.close()
+    allowed = int(NODE_RENEWALS_PER_HOUR)
+    assert codes == [grpc.StatusCode.OK] * allowed + [grpc.StatusCode.RESOURCE_EXHAUSTED] * 2
+
+
 def status(agent: Agent) -> dict[str, object]:
     return json.loads(agent.status())  # type: ignore[no-any-return]
 
