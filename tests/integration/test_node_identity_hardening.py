@@ -93,6 +93,18 @@ def test_a_stream_opened_before_revocation_gets_nothing_after_it(
     assert received == []  # no welcome, no plan
 
 
+def same_key_enrollment(controller: Controller, agent: Agent, tok: str) -> tuple[grpc.Channel, Any]:
+    """A channel with the public anonymous identity and the Enroll request an enrolled node's
+    agent would send again after a lost reply (its own key, its token)."""
+    ca = yaml.safe_load(controller.config.read_text())["ca"].encode()
+    creds = grpc.ssl_channel_credentials(ca, anonymous.key_pem(), anonymous.CERT_PEM)
+    channel = grpc.secure_channel(
+        controller.address, creds, options=[("grpc.ssl_target_name_override", CONTROLLER_SERVER_NAME)]
+    )
+    csr = make_csr((agent.state_dir / "key.pem").read_bytes(), agent.name)
+    return channel, wire.agent.EnrollRequest(token=tok, csr_pem=csr, node_name=agent.name)
+
+
 def test_a_revoked_token_cannot_re_enroll_the_same_key(
     controller: Controller, agents: Callable[[str], Agent], tmp_path: Path
 ) -> None:
@@ -103,13 +115,7 @@ def test_a_revoked_token_cannot_re_enroll_the_same_key(
     wait_state(controller, ["n1"], "provisioned")
     agent.kill()
     controller.ctl("token", "revoke", tok.split(".")[0])
-    ca = yaml.safe_load(controller.config.read_text())["ca"].encode()
-    creds = grpc.ssl_channel_credentials(ca, anonymous.key_pem(), anonymous.CERT_PEM)
-    channel = grpc.secure_channel(
-        controller.address, creds, options=[("grpc.ssl_target_name_override", CONTROLLER_SERVER_NAME)]
-    )
-    csr = make_csr((agent.state_dir / "key.pem").read_bytes(), "n1")
-    request = wire.agent.EnrollRequest(token=tok, csr_pem=csr, node_name="n1")
+    channel, request = same_key_enrollment(controller, agent, tok)
     with pytest.raises(grpc.RpcError) as exc:
         AgentServiceStub(channel).Enroll(request, timeout=10)
     channel.close()
@@ -130,13 +136,7 @@ def test_the_same_key_asking_again_and_again_is_rate_limited_like_renewals(
     agent.start(tok, ca_hash(controller))
     wait_state(controller, ["n1"], "provisioned")
     agent.kill()
-    ca = yaml.safe_load(controller.config.read_text())["ca"].encode()
-    creds = grpc.ssl_channel_credentials(ca, anonymous.key_pem(), anonymous.CERT_PEM)
-    channel = grpc.secure_channel(
-        controller.address, creds, options=[("grpc.ssl_target_name_override", CONTROLLER_SERVER_NAME)]
-    )
-    csr = make_csr((agent.state_dir / "key.pem").read_bytes(), "n1")
-    request = wire.agent.EnrollRequest(token=tok, csr_pem=csr, node_name="n1")
+    channel, request = same_key_enrollment(controller, agent, tok)
     codes = []
     for _ in range(int(NODE_RENEWALS_PER_HOUR) + 2):
         try:

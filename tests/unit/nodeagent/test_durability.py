@@ -119,28 +119,45 @@ def test_a_streaming_agent_does_not_load_the_crypto_library() -> None:
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
+class KindsCall:
+    """Records each message written: its kind, and for a batch the kinds of its events."""
+
+    def __init__(self) -> None:
+        self.writes: list[tuple[str, list[str]]] = []
+
+    async def write(self, msg: Any) -> None:
+        kind = msg.WhichOneof("kind")
+        events = [EventKind(e.kind).label for e in msg.events.events] if kind == "events" else []
+        self.writes.append((kind, events))
+
+
+async def written(agent: Agent, count: int) -> list[tuple[str, list[str]]]:
+    """The first ``count`` messages the agent's writer sends from stored seq 0."""
+    call = KindsCall()
+    writer = asyncio.create_task(agent._writer(call, 0))  # type: ignore[arg-type]
+    try:
+        for _ in range(100):
+            if len(call.writes) >= count:
+                break
+            await asyncio.sleep(0.01)
+    finally:
+        writer.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await writer
+    return call.writes
+
+
 def test_step_secrets_leave_after_the_events_emitted_before_them(tmp_path: Path) -> None:
     """The controller takes a step's material only while it knows the step runs (its STARTED
     event), so the secrets of a step never overtake that step's earlier events."""
     agent = Agent(AgentConfig(controller="127.0.0.1:1", state_dir=tmp_path / "state"))
 
-    async def scenario() -> list[str]:
+    async def scenario() -> list[tuple[str, list[str]]]:
         agent.executor.emit(Event(kind=EventKind.STARTED, step="kubeadm-init", attempt=1))
         agent._on_step_secrets("kubeadm-init", {"token": "x"}, {})
-        call = FakeCall(agent.db)
-        writer = asyncio.create_task(agent._writer(call, 0))  # type: ignore[arg-type]
-        try:
-            for _ in range(100):
-                if len(call.writes) >= 2:
-                    break
-                await asyncio.sleep(0.01)
-        finally:
-            writer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await writer
-        return [kind for kind, _ in call.writes]
+        return await written(agent, 2)
 
-    assert asyncio.run(scenario()) == ["events", "secrets"]
+    assert asyncio.run(scenario()) == [("events", ["started"]), ("secrets", [])]
     agent.db.close()
 
 
@@ -157,25 +174,7 @@ def test_a_step_that_ended_before_its_events_left_still_sends_its_secrets_before
         agent.executor.emit(Event(kind=EventKind.OUTPUT, step="kubeadm-init", lines=("ok",)))
         agent._on_step_secrets("kubeadm-init", {"token": "x"}, {})
         agent.executor.emit(Event(kind=EventKind.SUCCEEDED, step="kubeadm-init", attempt=1))
-        seen: list[tuple[str, list[str]]] = []
-
-        class Call:
-            async def write(self, msg: Any) -> None:
-                kind = msg.WhichOneof("kind")
-                kinds = [EventKind(e.kind).label for e in msg.events.events] if kind == "events" else []
-                seen.append((kind, kinds))
-
-        writer = asyncio.create_task(agent._writer(Call(), 0))  # type: ignore[arg-type]
-        try:
-            for _ in range(100):
-                if len(seen) >= 3:
-                    break
-                await asyncio.sleep(0.01)
-        finally:
-            writer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await writer
-        return seen
+        return await written(agent, 3)
 
     assert asyncio.run(scenario()) == [
         ("events", ["started", "output"]),
