@@ -90,8 +90,9 @@ class Bare(Server):
 
 
 class Controller(Server):
-    def __init__(self, work: Path, heartbeat: int) -> None:
+    def __init__(self, work: Path, heartbeat: int, *extra: str) -> None:
         super().__init__(work, "controller")
+        self.extra = extra  # more ``serve`` flags
         self.data_dir = work / "controller"
         self.heartbeat = heartbeat
         self._admin: admin_pb2_grpc.AdminServiceStub | None = None
@@ -107,9 +108,11 @@ class Controller(Server):
             str(self.data_dir),
             "--heartbeat-seconds",
             str(self.heartbeat),
-            # The enrollment figure measures capacity, not the default rate limit (50/s).
+            # The enrollment and events figures measure capacity, not the default limits
+            # (50 enrollments/s; 64 KiB/s of output per node, the rest summarised, not stored).
             "--enroll-rate",
             "100000",
+            *self.extra,
         ]
 
     def start(self, port: int | None = None) -> None:

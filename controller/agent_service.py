@@ -67,7 +67,7 @@ _FIELDS: dict[type, tuple[str, ...]] = {}
 class AgentService(wire.AgentServiceServicer):
     def __init__(self, app: App) -> None:
         self.app = app
-        self.quotas = NodeQuotas()
+        self.quotas = NodeQuotas(app.config.node_output_bytes_per_second)
         self._plan_messages: dict[tuple[str, str, int, str], wire.agent.ControllerMessage] = {}
 
     # -- Enroll -------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from controller.limits import ENROLL_RATE_PER_SECOND
+from controller.limits import ENROLL_RATE_PER_SECOND, NODE_OUTPUT_BYTES_PER_SECOND
 from nodeagent.limits import MAX_DOCUMENT_BYTES
 
 
@@ -24,3 +24,5 @@ class ControllerConfig:
     max_document_bytes: int = MAX_DOCUMENT_BYTES
     # Enrollments accepted per second, all callers together (the anonymous identity is public).
     enroll_rate_per_second: float = ENROLL_RATE_PER_SECOND
+    # Output stored per node and second (bursts of at least NODE_OUTPUT_BURST_BYTES); the rest summarised.
+    node_output_bytes_per_second: float = NODE_OUTPUT_BYTES_PER_SECOND

@@ -2,6 +2,7 @@
 
 tether-controller serve [--listen HOST:PORT] [--data-dir DIR] [--advertise HOST:PORT] [--san NAME ...]
                         [--max-document-bytes N] [--enroll-rate PER_SECOND]
+                        [--node-output-rate BYTES_PER_SECOND]
 tether-controller admin issue --name NAME [--role admin|read-only] [--days N] --out FILE
 tether-controller admin list | revoke (--name NAME | --fingerprint PREFIX)
 """
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from controller.config import ControllerConfig
-from controller.limits import ENROLL_RATE_PER_SECOND
+from controller.limits import ENROLL_RATE_PER_SECOND, NODE_OUTPUT_BYTES_PER_SECOND
 from nodeagent import logs
 from nodeagent.limits import MAX_DOCUMENT_BYTES
 
@@ -67,6 +68,12 @@ def _parser() -> argparse.ArgumentParser:
         type=_positive,
         default=MAX_DOCUMENT_BYTES,
         help="largest environment document accepted (the message size limit follows it)",
+    )
+    s.add_argument(
+        "--node-output-rate",
+        type=_positive_rate,
+        default=NODE_OUTPUT_BYTES_PER_SECOND,
+        help="bytes of step output stored per node and second; more is summarised, not stored",
     )
     s.add_argument(
         "--enroll-rate",
@@ -162,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         log_level=args.log_level,
         max_document_bytes=args.max_document_bytes,
         enroll_rate_per_second=args.enroll_rate,
+        node_output_bytes_per_second=args.node_output_rate,
     )
 
     def ready(address: str) -> None:

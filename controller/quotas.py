@@ -99,13 +99,16 @@ def retry_after(bucket: TokenBucket, amount: float = 1.0) -> float:
 class NodeQuotas:
     """The buckets of every node that has used any; ``apply``/``renewal``/``connect`` charge them."""
 
-    def __init__(self) -> None:
+    def __init__(self, output_rate: float = NODE_OUTPUT_BYTES_PER_SECOND) -> None:
         self._nodes: dict[str, NodeBuckets] = {}
+        self._output_rate = output_rate  # ``tether-controller serve --node-output-rate``
 
     def buckets(self, node: str) -> NodeBuckets:
         b = self._nodes.get(node)
         if b is None:
-            b = self._nodes[node] = NodeBuckets()
+            rate = self._output_rate
+            output = TokenBucket(rate, max(NODE_OUTPUT_BURST_BYTES, 4 * rate))
+            b = self._nodes[node] = NodeBuckets(output=output)
         return b
 
     def apply(self, node: str, events: Sequence[Event]) -> Charged:

@@ -50,7 +50,7 @@ async def service(tmp_path: Path) -> AsyncIterator[tuple[AgentService, SqliteSto
         cluster=NoCluster(),
         auth=NodeAuth(),
         ca=CertificateAuthority.load_or_create(tmp_path / "pki"),
-        config=SimpleNamespace(node_cert_days=1.0),
+        config=SimpleNamespace(node_cert_days=1.0, node_output_bytes_per_second=64 * 1024),
         key=key,
     )
     yield AgentService(app), store  # type: ignore[arg-type]
@@ -239,3 +239,15 @@ def test_a_csr_with_a_key_of_unknown_type_is_invalid_argument_not_internal() -> 
     )
     with pytest.raises(InvalidArgument, match="invalid CSR: Unknown key type"):
         enrollment.csr_key_hash(pem)
+
+
+def test_the_output_quota_follows_the_serve_flag() -> None:
+    from controller.limits import NODE_OUTPUT_BURST_BYTES, NODE_OUTPUT_BYTES_PER_SECOND
+    from controller.main import _parser
+    from controller.quotas import NodeQuotas
+
+    assert _parser().parse_args(["serve"]).node_output_rate == NODE_OUTPUT_BYTES_PER_SECOND
+    rate = _parser().parse_args(["serve", "--node-output-rate", "2097152"]).node_output_rate
+    bucket = NodeQuotas(rate).buckets("n1").output
+    assert bucket.rate == 2 * 1024 * 1024 and bucket.burst == max(NODE_OUTPUT_BURST_BYTES, 4 * rate)
+    assert NodeQuotas().buckets("n1").output.rate == NODE_OUTPUT_BYTES_PER_SECOND
