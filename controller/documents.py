@@ -12,15 +12,12 @@ import asyncio
 from controller.errors import InvalidArgument
 from controller.limits import DOCUMENT_PARSES
 from controller.spec import LoadedSpec, load_document
-from nodeagent.limits import MAX_DOCUMENT_BYTES, KiB, MiB
+from nodeagent.limits import MAX_DOCUMENT_BYTES, KiB, size_text
 
 
 def _size_text(size: int) -> str:
     """``1.5 MiB (1572864 bytes)``; a size under 1 KiB in bytes only."""
-    for unit, name in ((MiB, "MiB"), (KiB, "KiB")):
-        if size >= unit:
-            return f"{f'{size / unit:.1f}'.removesuffix('.0')} {name} ({size} bytes)"
-    return f"{size} bytes"
+    return size_text(size) if size < KiB else f"{size_text(size)} ({size} bytes)"
 
 
 def check_size(document: str, limit: int = MAX_DOCUMENT_BYTES) -> None:

@@ -14,7 +14,8 @@ import grpc
 
 from controller.errors import ControllerError
 from controller.limits import FOLLOWER_QUEUE_BYTES
-from nodeagent.limits import MiB
+from controller.quotas import event_bytes as text_bytes
+from nodeagent.limits import size_text
 from nodeagent.model import Event
 
 _EVENT_OVERHEAD = 256  # the event object, its fields and its place in the queue
@@ -28,11 +29,10 @@ class FellBehind(ControllerError):
 
 
 def event_bytes(e: Event) -> int:
-    """About how much memory ``e`` holds (what a queue that keeps it pins)."""
-    size = _EVENT_OVERHEAD + len(e.step) + len(e.digest) + len(e.message) + len(e.node)
-    size += sum(len(line) + _STRING_OVERHEAD for line in e.lines)
-    size += sum(len(k) + len(v) + 2 * _STRING_OVERHEAD for k, v in e.observed.items())
-    return size
+    """About how much memory ``e`` holds (what a queue that keeps it pins): its text, as the
+    quotas count it, plus the objects around it."""
+    objects = _EVENT_OVERHEAD + _STRING_OVERHEAD * (len(e.lines) + 2 * len(e.observed))
+    return text_bytes(e) + len(e.node) + objects
 
 
 class Follower:
@@ -61,7 +61,8 @@ class Follower:
             self._events.clear()
             self._bytes = 0
             self.cut_off = FellBehind(
-                f"this follower fell behind by more than {self._limit_text()} of events and was cut off; "
+                f"this follower fell behind by more than {self.limit_bytes} bytes "
+                f"({size_text(self.limit_bytes)}) of events and was cut off; "
                 f"follow again (node {first.node!r} from seq {first.seq})"
             )
         else:
@@ -78,8 +79,3 @@ class Follower:
         e, size = self._events.popleft()
         self._bytes -= size
         return e
-
-    def _limit_text(self) -> str:
-        if self.limit_bytes >= MiB:
-            return f"{self.limit_bytes / MiB:g} MiB"
-        return f"{self.limit_bytes} bytes"

@@ -22,20 +22,12 @@ from controller.limits import (
     QUOTA_PAUSE_SECONDS,
     TokenBucket,
 )
-from nodeagent.limits import KiB, MiB
+from nodeagent.limits import size_text
 from nodeagent.model import Event
 
 MAX_STEP_NAME = 253  # what a summarised event keeps of its step name and digest
 MAX_DIGEST = 64
 QUOTA_MARKER = "[tether: {lines} lines, {size} of output dropped: node over its output quota]"
-
-
-def _size(n: int) -> str:
-    if n >= MiB:
-        return f"{n / MiB:.1f} MiB"
-    if n >= KiB:
-        return f"{n / KiB:.1f} KiB"
-    return f"{n} B"
 
 
 def event_bytes(e: Event) -> int:
@@ -62,7 +54,7 @@ class Charged:
 
 def summarised(e: Event) -> Event:
     """``e`` with its output replaced by one marker line (everything else kept)."""
-    marker = QUOTA_MARKER.format(lines=len(e.lines), size=_size(event_bytes(e)))
+    marker = QUOTA_MARKER.format(lines=len(e.lines), size=size_text(event_bytes(e)))
     return replace(
         e,
         step=e.step[:MAX_STEP_NAME],

@@ -3,7 +3,7 @@ importing the rest of the controller)."""
 
 from __future__ import annotations
 
-from nodeagent.limits import ENVELOPE_BYTES, EVENT_BATCH_BYTES, MAX_DOCUMENT_BYTES, MAX_SEND_BYTES
+from nodeagent.limits import MAX_DOCUMENT_BYTES, MAX_SEND_BYTES, receive_bytes
 
 _BASE_OPTIONS: list[tuple[str, int]] = [
     ("grpc.so_reuseport", 0),  # a second controller on the same port must fail, not share it
@@ -13,14 +13,6 @@ _BASE_OPTIONS: list[tuple[str, int]] = [
     ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
     ("grpc.http2.max_ping_strikes", 0),
 ]
-
-
-def receive_bytes(max_document_bytes: int = MAX_DOCUMENT_BYTES) -> int:
-    """The largest message the controller accepts: the largest legitimate payload plus its envelope.
-
-    With the default document limit this is ``nodeagent.limits.MAX_RECEIVE_BYTES``.
-    """
-    return max(max_document_bytes, EVENT_BATCH_BYTES) + ENVELOPE_BYTES
 
 
 def server_options(max_document_bytes: int = MAX_DOCUMENT_BYTES) -> list[tuple[str, int]]:

@@ -23,8 +23,14 @@ MAX_LINE_BYTES = 8 * KiB
 STEP_SECRETS_BYTES = 256 * KiB
 # Envelope room on top of the largest legitimate payload (field tags, the other fields).
 ENVELOPE_BYTES = 64 * KiB
-# What the controller accepts in one message: the largest legitimate one plus its envelope.
-MAX_RECEIVE_BYTES = max(MAX_DOCUMENT_BYTES, EVENT_BATCH_BYTES) + ENVELOPE_BYTES
+
+
+def receive_bytes(max_document_bytes: int = MAX_DOCUMENT_BYTES) -> int:
+    """What the controller accepts in one message: the largest legitimate one plus its envelope."""
+    return max(max_document_bytes, EVENT_BATCH_BYTES) + ENVELOPE_BYTES
+
+
+MAX_RECEIVE_BYTES = receive_bytes()  # with the default document limit
 # Enroll and every other call open to the public anonymous enrollment identity.
 ANONYMOUS_MESSAGE_BYTES = 64 * KiB
 
@@ -35,3 +41,11 @@ def client_options() -> list[tuple[str, int]]:
         ("grpc.max_receive_message_length", MAX_SEND_BYTES),
         ("grpc.max_send_message_length", MAX_SEND_BYTES),
     ]
+
+
+def size_text(size: int) -> str:
+    """``1.5 MiB``, ``4.4 KiB``, ``8 MiB``, ``90 bytes``: a size as the messages say it."""
+    for unit, name in ((MiB, "MiB"), (KiB, "KiB")):
+        if size >= unit:
+            return f"{f'{size / unit:.1f}'.removesuffix('.0')} {name}"
+    return f"{size} bytes"
