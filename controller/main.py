@@ -25,20 +25,20 @@ if TYPE_CHECKING:
 
 
 def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of bytes") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be more than 0")
-    return value
+    """A byte count (``--max-document-bytes``): a whole number above 0."""
+    return int(_above_zero(text, int, "a number of bytes"))
 
 
 def _positive_rate(text: str) -> float:
+    """A rate (``--enroll-rate``, ``--node-output-rate``): a number above 0."""
+    return _above_zero(text, float, "a rate (per second)")
+
+
+def _above_zero(text: str, kind: type[int] | type[float], what: str) -> float:
     try:
-        value = float(text)
+        value = kind(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a rate (per second)") from None
+        raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
     if not value > 0:
         raise argparse.ArgumentTypeError(f"{text!r} must be more than 0")
     return value

@@ -78,11 +78,6 @@ def runtime_dir() -> Path:
     return Path(tempfile.gettempdir())
 
 
-def redact_line(line: str, redactor: Redactor) -> str:
-    """``line`` with every secret the redactor knows, and every secret shape, masked."""
-    return redactor.redact(line)
-
-
 def _read_kv(path: Path) -> dict[str, str]:
     out: dict[str, str] = {}
     if not path.exists():
@@ -305,7 +300,7 @@ class Runner:
             exit_code=code,
             duration_seconds=duration,
             timed_out=timed_out,
-            observed={k: redact_line(v, self.redactor) for k, v in observed.items()},
+            observed={k: self.redactor.redact(v) for k, v in observed.items()},
             secrets=secrets,
             outputs=outputs,
             error=error,

@@ -247,17 +247,15 @@ def _open(path: Path, migrate: WriteFn) -> tuple[_Writer, sqlite3.Connection]:
         writer.run_sync(migrate)
         read = _connect(path)
         read.execute("SELECT COUNT(*) FROM nodes").fetchone()
-    except sqlite3.DatabaseError as exc:
+    except (sqlite3.DatabaseError, StoreError) as exc:
         if writer is not None:
             writer.close()
+        if isinstance(exc, StoreError):
+            raise
         raise StoreError(
             f"cannot open the controller database {path}: {exc}; restore it from a backup "
             f"(docs/operations.md) or move it aside to start with an empty store"
         ) from None
-    except StoreError:
-        if writer is not None:
-            writer.close()
-        raise
     return writer, read
 
 
@@ -559,10 +557,7 @@ class SqliteStore:
 
     async def append_events(self, node: str, events: Sequence[Event]) -> int:
         """Store events idempotently by (node, seq); returns the highest contiguous stored seq."""
-        rows = [
-            (node, e.seq, e.time_ms, int(e.kind), e.step, json.dumps(e.to_json(), separators=(",", ":")))
-            for e in events
-        ]
+        rows = [_event_row(node, e) for e in events]
 
         def fn(conn: sqlite3.Connection) -> int:
             row = conn.execute("SELECT stored_seq FROM nodes WHERE name=?", (node,)).fetchone()
@@ -602,17 +597,7 @@ class SqliteStore:
                     "store was restored from an earlier copy; they are missing here"
                 ),
             )
-            conn.execute(
-                "INSERT OR IGNORE INTO events VALUES (?,?,?,?,?,?)",
-                (
-                    node,
-                    gap.seq,
-                    gap.time_ms,
-                    int(gap.kind),
-                    "",
-                    json.dumps(gap.to_json(), separators=(",", ":")),
-                ),
-            )
+            conn.execute("INSERT OR IGNORE INTO events VALUES (?,?,?,?,?,?)", _event_row(node, gap))
             new_stored = _contiguous(conn, node, acked_seq)
             conn.execute("UPDATE nodes SET stored_seq=? WHERE name=?", (new_stored, node))
             return new_stored
@@ -699,3 +684,8 @@ def _contiguous(conn: sqlite3.Connection, node: str, start: int) -> int:
             break
         mark = seq
     return mark
+
+
+def _event_row(node: str, e: Event) -> tuple[str, int, int, int, str, str]:
+    """An ``events`` row: (node, seq, time, kind, step, the event as JSON)."""
+    return (node, e.seq, e.time_ms, int(e.kind), e.step, json.dumps(e.to_json(), separators=(",", ":")))

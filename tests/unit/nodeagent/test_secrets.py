@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from nodeagent.runner import redact_line
 from nodeagent.secrets import MASK, Redactor, Secret
 
 
@@ -50,7 +49,7 @@ def test_known_secret_shapes_are_masked_even_unknown() -> None:
         + " --control-plane --certificate-key "
         + "b" * 64
     )
-    out = redact_line(line, r)
+    out = r.redact(line)
     assert "abcdef.0123456789abcdef" not in out
     assert "b" * 64 not in out
     assert "sha256:" + "a" * 64 in out  # the CA hash is public
