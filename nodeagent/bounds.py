@@ -22,6 +22,8 @@ EVENT_BUDGET = EVENT_BATCH_BYTES - wire.BATCH_ENVELOPE_BYTES
 _MAX_SEQ = 2**64 - 1  # numbers are given after the split: count the widest
 _LENGTH_BYTES = 4  # an event's own length prefix, at most (EVENT_BUDGET < 2**28)
 _MAP_ENTRY_BYTES = 16  # framing of one observed entry, at most
+_UPPER_FIXED_BYTES = 256  # an event's numbers and tags, and its own framing, at most
+_UPPER_FRAMING_BYTES = 16  # framing of one line or map string, at most
 
 
 def cut_text(text: str, limit: int = MAX_LINE_BYTES, *, more: bool = False) -> str:
@@ -42,7 +44,7 @@ def cut_text(text: str, limit: int = MAX_LINE_BYTES, *, more: bool = False) -> s
 def fit(e: Event, budget: int = EVENT_BUDGET) -> list[Event]:
     """``e`` as events that each fit ``budget``: one unless its lines do not fit one."""
     e = _cut_fields(e, budget)
-    if wire.batch_cost(e) <= budget:
+    if _fits(e, budget):
         return [e]
     chunks = _chunks(e, budget)
     head = e if e.kind is EventKind.OUTPUT else _output_of(e)
@@ -51,7 +53,7 @@ def fit(e: Event, budget: int = EVENT_BUDGET) -> list[Event]:
 
 def shrink(e: Event, budget: int = EVENT_BUDGET) -> Event:
     """``e`` (numbered already) made to fit ``budget``: the lines beyond it are cut, and it says so."""
-    if wire.batch_cost(e) <= budget:
+    if _fits(e, budget):
         return e
     e = _cut_fields(e, budget)
     chunks = _chunks(e, budget)
@@ -63,9 +65,21 @@ def shrink(e: Event, budget: int = EVENT_BUDGET) -> Event:
     return replace(e, lines=(*kept, note))
 
 
+def _fits(e: Event, budget: int) -> bool:
+    """Whether ``e`` fits ``budget`` encoded; most events are far below it, and an upper bound
+    (4 bytes a character, generous framing) says so without encoding them."""
+    chars = len(e.step) + len(e.digest) + len(e.message) + sum(len(line) for line in e.lines)
+    chars += sum(len(k) + len(v) for k, v in e.observed.items())
+    framing = _UPPER_FIXED_BYTES + _UPPER_FRAMING_BYTES * (len(e.lines) + 3 * len(e.observed))
+    return 4 * chars + framing <= budget or wire.batch_cost(e) <= budget
+
+
 def _cut_fields(e: Event, budget: int) -> Event:
     """Every line, the message and the observed values cut to a line's limit; observed entries
     beyond half the budget dropped, so that at least half of it is left for lines."""
+    short = MAX_LINE_BYTES // 4  # characters that surely fit a line's limit
+    if not e.observed and len(e.message) <= short and all(len(line) <= short for line in e.lines):
+        return e  # nothing to cut (most events)
     observed: dict[str, str] = {}
     used = 0
     for k, v in e.observed.items():
