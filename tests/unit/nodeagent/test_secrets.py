@@ -110,25 +110,8 @@ def test_a_secret_at_the_cut_is_masked_whole_never_by_halves(shift: int) -> None
         assert not leaked(out) and f"{TOKEN_ID}." not in out, out[-60:]
 
 
-async def test_the_runner_redacts_a_long_line_before_cutting_it(tmp_path: Path) -> None:
-    from nodeagent.limits import MAX_LINE_BYTES as MAX_LINE
-    from nodeagent.model import Step
-    from nodeagent.runner import Runner
-
-    lines: list[str] = []
-
-    async def sink(batch: list[str]) -> None:
-        lines.extend(batch)
-
-    pad = MAX_LINE - len(TOKEN_ID) - 10  # the cut falls 9 characters into the secret
-    script = f"printf 'x%.0s' $(seq 1 {pad}); echo {TOKEN}; echo after\n"
-    runner = Runner(tmp_path / "scripts", Redactor([TOKEN]), batch_interval=0.05)
-    assert (await runner.run(Step(name="s", script=script).sealed(), sink)).ok
-    assert len(lines) == 2 and lines[1] == "after"
-    assert MASK in lines[0] and not leaked(lines[0])
-
-
-async def test_a_long_line_is_masked_then_cut_once_in_bytes(tmp_path: Path) -> None:
+async def _output_of(tmp_path: Path, pad_char: str) -> list[str]:
+    """The runner's output for a line of padding whose cut falls 9 characters into the secret."""
     from nodeagent.limits import MAX_LINE_BYTES
     from nodeagent.model import Step
     from nodeagent.runner import Runner
@@ -138,10 +121,23 @@ async def test_a_long_line_is_masked_then_cut_once_in_bytes(tmp_path: Path) -> N
     async def sink(batch: list[str]) -> None:
         lines.extend(batch)
 
-    pad = MAX_LINE_BYTES - len(TOKEN_ID) - 10  # the cut falls 9 characters into the secret
-    script = f"printf 'é%.0s' $(seq 1 {pad}); echo {TOKEN}; echo after\n"
+    pad = MAX_LINE_BYTES - len(TOKEN_ID) - 10
+    script = f"printf '{pad_char}%.0s' $(seq 1 {pad}); echo {TOKEN}; echo after\n"
     runner = Runner(tmp_path / "scripts", Redactor([TOKEN]), batch_interval=0.05)
     assert (await runner.run(Step(name="s", script=script).sealed(), sink)).ok
+    return lines
+
+
+async def test_the_runner_redacts_a_long_line_before_cutting_it(tmp_path: Path) -> None:
+    lines = await _output_of(tmp_path, "x")
+    assert len(lines) == 2 and lines[1] == "after"
+    assert MASK in lines[0] and not leaked(lines[0])
+
+
+async def test_a_long_line_is_masked_then_cut_once_in_bytes(tmp_path: Path) -> None:
+    from nodeagent.limits import MAX_LINE_BYTES
+
+    lines = await _output_of(tmp_path, "é")
     assert len(lines[0].encode()) <= MAX_LINE_BYTES and not leaked(lines[0])
     assert lines[0].count("[tether: line cut") == 1 and "truncated" not in lines[0]
 
