@@ -16,7 +16,7 @@ from typing import Any
 
 from nodeagent import logs
 from nodeagent.journal import Journal, JournalState
-from nodeagent.model import Event, EventKind, Plan, Step, decoder
+from nodeagent.model import AgentTarget, Event, EventKind, Plan, Step, decoder
 from nodeagent.outbox import Outbox
 from nodeagent.runner import Runner, StepResult, kill_leftovers
 from nodeagent.statedb import StateDB
@@ -52,6 +52,7 @@ def plan_from_json(text: str) -> Plan:
         environment=doc["environment"],
         role=doc["role"],
         digest=doc["digest"],
+        agent=AgentTarget(**doc["agent"]) if doc.get("agent") else None,
     )
 
 

@@ -125,26 +125,49 @@ class Step:
 
 
 @dataclass(frozen=True)
+class AgentTarget:
+    """The agent version a plan asks for: its bundle's SHA-256 and size (FetchAgentBundle)."""
+
+    version: str
+    sha256: str
+    size: int = 0
+
+
+@dataclass(frozen=True)
 class Plan:
-    """The ordered steps rendered for one node."""
+    """The ordered steps rendered for one node, and the agent version it should run."""
 
     steps: tuple[Step, ...]
     generation: int = 0
     environment: str = ""
     role: str = ""
     digest: str = ""
+    agent: AgentTarget | None = None
 
     @staticmethod
     def build(
-        steps: list[Step] | tuple[Step, ...], *, generation: int = 0, environment: str = "", role: str = ""
+        steps: list[Step] | tuple[Step, ...],
+        *,
+        generation: int = 0,
+        environment: str = "",
+        role: str = "",
+        agent: AgentTarget | None = None,
     ) -> Plan:
         sealed = tuple(s if s.digest else s.sealed() for s in steps)
         names = [s.name for s in sealed]
         if len(set(names)) != len(names):
             dupes = sorted({n for n in names if names.count(n) > 1})
             raise ValueError(f"duplicate step names in plan: {', '.join(dupes)}")
-        digest = hashlib.sha256("\n".join(s.digest for s in sealed).encode()).hexdigest()
-        return Plan(steps=sealed, generation=generation, environment=environment, role=role, digest=digest)
+        lines = [s.digest for s in sealed] + ([f"agent {agent.version} {agent.sha256}"] if agent else [])
+        digest = hashlib.sha256("\n".join(lines).encode()).hexdigest()
+        return Plan(
+            steps=sealed,
+            generation=generation,
+            environment=environment,
+            role=role,
+            digest=digest,
+            agent=agent,
+        )
 
     def step(self, name: str) -> Step | None:
         for s in self.steps:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from nodeagent.model import (
+    AgentTarget,
     ClusterNode,
     ClusterView,
     Event,
@@ -72,16 +73,21 @@ def plan_to_pb(p: Plan) -> common_pb2.Plan:
         steps=[step_to_pb(s) for s in p.steps],
         environment=p.environment,
         role=p.role,
+        agent=common_pb2.AgentTarget(version=p.agent.version, sha256=p.agent.sha256, size=p.agent.size)
+        if p.agent
+        else None,
     )
 
 
 def plan_from_pb(m: common_pb2.Plan) -> Plan:
+    agent = m.agent if m.HasField("agent") and m.agent.version else None
     return Plan(
         steps=tuple(step_from_pb(s) for s in m.steps),
         generation=m.generation,
         environment=m.environment,
         role=m.role,
         digest=m.digest,
+        agent=AgentTarget(agent.version, agent.sha256, agent.size) if agent else None,
     )
 
 

@@ -47,6 +47,14 @@ def _parser() -> argparse.ArgumentParser:
             help="refuse a larger document (match the controller's --max-document-bytes)",
         )
 
+    def cluster_position(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument(
+            "--cluster-position",
+            choices=("init", "control-plane", "worker"),
+            default="",
+            help="include the cluster steps of a node at this position (a spec with spec.cluster)",
+        )
+
     env = sub.add_parser("env", help="environments").add_subparsers(dest="verb", required=True)
     a = env.add_parser("apply", help="create or update an environment from a YAML file")
     a.add_argument("-f", "--file", required=True, help="Environment YAML ('-' for stdin)")
@@ -83,6 +91,7 @@ def _parser() -> argparse.ArgumentParser:
     gpu.add_argument("--no-gpu", dest="gpu", action="store_false")
     r.add_argument("--arch", default="amd64", choices=("amd64", "arm64"))
     r.add_argument("--out", help="write one file per step (NN-step-name.sh) into this directory")
+    cluster_position(r)
     r.set_defaults(func=commands.env_render, offline=True)
 
     tok = sub.add_parser("token", help="join tokens").add_subparsers(dest="verb", required=True)
@@ -142,6 +151,7 @@ def _parser() -> argparse.ArgumentParser:
     pl.add_argument("--env", dest="environment", default="")
     pl.add_argument("--role", default="worker")
     pl.add_argument("--os", default="ubuntu-22.04")
+    cluster_position(pl)
     out_flag(pl, ("text", "json"))
     pl.set_defaults(func=commands.plan)
     return p

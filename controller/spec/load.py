@@ -17,6 +17,7 @@ from controller.spec import (
     parse_components,
     parse_custom,
     parse_kubernetes,
+    parse_rollout,
     parse_sources,
 )
 from controller.spec.model import EnvironmentSpec
@@ -105,6 +106,7 @@ def _spec(sec: Section, name: str) -> EnvironmentSpec:
         cluster=parse_cluster.cluster(sec),
         package_repositories=parse_sources.package_repositories(sec),
         download_mirror=parse_sources.download_mirror(sec),
+        rollout=parse_rollout.rollout(sec),
     )
     sec.finish()
     return spec

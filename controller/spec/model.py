@@ -135,6 +135,21 @@ class PackageRepositories:
 
 
 @dataclass(frozen=True)
+class RolloutPolicy:
+    """How a new generation moves through the nodes (tether's extension, ``spec.rollout``).
+
+    ``max_parallel`` and ``max_failures`` are a count ("2") or a share of the nodes ("25%");
+    ``resolve_count`` turns them into a number for a fleet of a given size.
+    """
+
+    max_parallel: str = ""  # "" = every node at once
+    max_failures: str = "0"
+    canary: int = 0
+    min_healthy_seconds: int = 0
+    drain: bool = False
+
+
+@dataclass(frozen=True)
 class EnvironmentSpec:
     name: str
     kernel: KernelSpec | None = None
@@ -146,3 +161,4 @@ class EnvironmentSpec:
     cluster: ClusterSpec | None = None
     package_repositories: PackageRepositories = field(default_factory=PackageRepositories)
     download_mirror: str = ""
+    rollout: RolloutPolicy = field(default_factory=RolloutPolicy)

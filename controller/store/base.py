@@ -15,9 +15,15 @@ class Store(Protocol):
 
     # environments
     async def put_environment(
-        self, name: str, document: str, api_version: str, spec: Mapping[str, Any]
+        self,
+        name: str,
+        document: str,
+        api_version: str,
+        spec: Mapping[str, Any],
+        agent_version: str | None = None,  # None: keep the current one
     ) -> tuple[EnvironmentRecord, bool]: ...
     def get_environment(self, name: str) -> EnvironmentRecord | None: ...
+    def get_revision(self, name: str, generation: int) -> EnvironmentRecord | None: ...
     def list_environments(self) -> list[EnvironmentRecord]: ...
     async def delete_environment(self, name: str) -> bool: ...
 

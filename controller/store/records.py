@@ -16,6 +16,7 @@ class EnvironmentRecord:
     generation: int
     created_ms: int
     updated_ms: int
+    agent_version: str = ""  # the agent version its nodes should run ("" = whatever they run)
 
 
 @dataclass(frozen=True)

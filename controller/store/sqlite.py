@@ -26,12 +26,21 @@ from nodeagent.model import Event, EventKind, Plan, now_ms
 T = TypeVar("T")
 WriteFn = Callable[[sqlite3.Connection], Any]
 
-SCHEMA_VERSION = 1
-SCHEMA = """
+SCHEMA_VERSION = 2
+KEEP_REVISIONS = 20  # an environment's past documents kept (and every one a node still runs)
+REVISIONS_DDL = """
+CREATE TABLE IF NOT EXISTS environment_revisions (
+    name TEXT NOT NULL, generation INTEGER NOT NULL, document TEXT NOT NULL, api_version TEXT NOT NULL,
+    spec TEXT NOT NULL, created_ms INTEGER NOT NULL, agent_version TEXT NOT NULL DEFAULT '',
+    PRIMARY KEY (name, generation)) WITHOUT ROWID;
+"""
+SCHEMA = (
+    """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS environments (
     name TEXT PRIMARY KEY, document TEXT NOT NULL, api_version TEXT NOT NULL, spec TEXT NOT NULL,
-    generation INTEGER NOT NULL, created_ms INTEGER NOT NULL, updated_ms INTEGER NOT NULL);
+    generation INTEGER NOT NULL, created_ms INTEGER NOT NULL, updated_ms INTEGER NOT NULL,
+    agent_version TEXT NOT NULL DEFAULT '');
 CREATE TABLE IF NOT EXISTS tokens (
     id TEXT PRIMARY KEY, secret_hash TEXT NOT NULL, environment TEXT NOT NULL, role TEXT NOT NULL,
     node_name TEXT NOT NULL, expires_ms INTEGER NOT NULL, max_uses INTEGER NOT NULL, uses INTEGER NOT NULL,
@@ -55,6 +64,8 @@ CREATE TABLE IF NOT EXISTS events (
     step TEXT NOT NULL, body TEXT NOT NULL, PRIMARY KEY (node, seq)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS kv (key TEXT PRIMARY KEY, value BLOB NOT NULL) WITHOUT ROWID;
 """
+    + REVISIONS_DDL
+)
 
 NODE_FIELDS = {
     "environment",
@@ -174,9 +185,14 @@ def _resolve_all(outcomes: list[_Outcome]) -> None:
             fut.set_result(result)
 
 
+_ENV_COLUMNS = "name, document, api_version, spec, generation, created_ms, updated_ms, agent_version"
+
+
 def _env(row: sqlite3.Row | tuple[Any, ...]) -> EnvironmentRecord:
-    name, document, api_version, spec, generation, created, updated = row
-    return EnvironmentRecord(name, document, api_version, json.loads(spec), generation, created, updated)
+    name, document, api_version, spec, generation, created, updated, agent_version = row
+    return EnvironmentRecord(
+        name, document, api_version, json.loads(spec), generation, created, updated, agent_version
+    )
 
 
 def _token(row: sqlite3.Row | tuple[Any, ...]) -> TokenRecord:
@@ -278,15 +294,26 @@ class SqliteStore:
 
     @staticmethod
     def _migrate(conn: sqlite3.Connection) -> None:
-        conn.executescript("BEGIN IMMEDIATE;" + SCHEMA + "COMMIT;")
-        row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-        if row is None:
-            conn.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-        elif int(row[0]) > SCHEMA_VERSION:
+        row = None
+        if conn.execute("SELECT 1 FROM sqlite_master WHERE name='meta'").fetchone():
+            row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        if row is not None and int(row[0]) > SCHEMA_VERSION:
             raise StoreError(
                 f"the database schema {row[0]} is newer than this controller ({SCHEMA_VERSION}): "
                 "run the controller version that wrote it, or restore a backup"
             )
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            if row is not None and int(row[0]) < 2:
+                _migrate_to_2(conn)
+            for statement in SCHEMA.split(";"):
+                if statement.strip():
+                    conn.execute(statement)
+            conn.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
 
     async def close(self) -> None:
         await asyncio.to_thread(self._writer.close)
@@ -303,33 +330,48 @@ class SqliteStore:
     # -- environments -------------------------------------------------------------------------
 
     async def put_environment(
-        self, name: str, document: str, api_version: str, spec: Mapping[str, Any]
+        self,
+        name: str,
+        document: str,
+        api_version: str,
+        spec: Mapping[str, Any],
+        agent_version: str | None = None,
     ) -> tuple[EnvironmentRecord, bool]:
         spec_json = json.dumps(spec, sort_keys=True)
 
         def fn(conn: sqlite3.Connection) -> tuple[EnvironmentRecord, bool]:
             now = now_ms()
-            row = conn.execute(
-                "SELECT name, document, api_version, spec, generation, created_ms, updated_ms "
-                "FROM environments WHERE name=?",
-                (name,),
-            ).fetchone()
-            if row is not None and row[3] == spec_json and row[1] == document:
+            row = conn.execute(f"SELECT {_ENV_COLUMNS} FROM environments WHERE name=?", (name,)).fetchone()
+            agent = (row[7] if row else "") if agent_version is None else agent_version
+            if row is not None and row[3] == spec_json and row[1] == document and row[7] == agent:
                 return _env(row), False
             # Generations never repeat for a name, even across delete and re-create (caches key on them).
             last = conn.execute("SELECT value FROM meta WHERE key=?", (f"generation:{name}",)).fetchone()
             generation = max(row[4] if row else 0, int(last[0]) if last else 0) + 1
             conn.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (f"generation:{name}", str(generation)))
             created = row[5] if row else now
+            values = (name, document, api_version, spec_json, generation, created, now, agent)
             conn.execute(
-                "INSERT OR REPLACE INTO environments VALUES (?,?,?,?,?,?,?)",
-                (name, document, api_version, spec_json, generation, created, now),
+                f"INSERT OR REPLACE INTO environments ({_ENV_COLUMNS}) VALUES (?,?,?,?,?,?,?,?)", values
             )
-            return EnvironmentRecord(
-                name, document, api_version, json.loads(spec_json), generation, created, now
-            ), True
+            conn.execute(
+                "INSERT OR REPLACE INTO environment_revisions VALUES (?,?,?,?,?,?,?)",
+                (name, generation, document, api_version, spec_json, now, agent),
+            )
+            _prune_revisions(conn, name)
+            return _env(values), True
 
         return await self._write(fn)
+
+    def get_revision(self, name: str, generation: int) -> EnvironmentRecord | None:
+        """Generation ``generation`` of an environment as it was applied (kept while a node runs
+        it, and the last ``KEEP_REVISIONS``)."""
+        rows = self._query(
+            "SELECT name, document, api_version, spec, generation, created_ms, created_ms, agent_version "
+            "FROM environment_revisions WHERE name=? AND generation=?",
+            (name, generation),
+        )
+        return _env(rows[0]) if rows else None
 
     def get_environment(self, name: str) -> EnvironmentRecord | None:
         rows = self._query(
@@ -341,7 +383,7 @@ class SqliteStore:
         cached = self._environments.get(name)
         if cached is not None and (cached.generation, cached.created_ms, cached.updated_ms) == rows[0]:
             return cached
-        rows = self._query("SELECT * FROM environments WHERE name=?", (name,))
+        rows = self._query(f"SELECT {_ENV_COLUMNS} FROM environments WHERE name=?", (name,))
         if not rows:
             return None
         env = _env(rows[0])
@@ -349,10 +391,11 @@ class SqliteStore:
         return env
 
     def list_environments(self) -> list[EnvironmentRecord]:
-        return [_env(r) for r in self._query("SELECT * FROM environments ORDER BY name")]
+        return [_env(r) for r in self._query(f"SELECT {_ENV_COLUMNS} FROM environments ORDER BY name")]
 
     async def delete_environment(self, name: str) -> bool:
         def fn(conn: sqlite3.Connection) -> bool:
+            conn.execute("DELETE FROM environment_revisions WHERE name=?", (name,))
             return conn.execute("DELETE FROM environments WHERE name=?", (name,)).rowcount > 0
 
         return await self._write(fn)
@@ -647,6 +690,32 @@ class SqliteStore:
             conn.execute("DELETE FROM kv WHERE key=?", (key,))
 
         await self._write(fn)
+
+
+def _migrate_to_2(conn: sqlite3.Connection) -> None:
+    """Schema 1 -> 2 (in the caller's transaction): environments learn their agent version, and
+    their past documents are kept, starting with the current one."""
+    conn.execute("ALTER TABLE environments ADD COLUMN agent_version TEXT NOT NULL DEFAULT ''")
+    conn.execute(REVISIONS_DDL)
+    conn.execute(
+        "INSERT OR IGNORE INTO environment_revisions "
+        "SELECT name, generation, document, api_version, spec, updated_ms, agent_version FROM environments"
+    )
+
+
+def _prune_revisions(conn: sqlite3.Connection, name: str) -> None:
+    """Forget documents older than the last ``KEEP_REVISIONS`` that no node of ``name`` runs."""
+    keep = conn.execute(
+        "SELECT generation FROM environment_revisions WHERE name=? ORDER BY generation DESC LIMIT 1 OFFSET ?",
+        (name, KEEP_REVISIONS - 1),
+    ).fetchone()
+    if keep is None:
+        return
+    oldest_used = conn.execute(
+        "SELECT MIN(plan_generation) FROM nodes WHERE environment=? AND plan_generation > 0", (name,)
+    ).fetchone()[0]
+    floor = min(keep[0], oldest_used) if oldest_used else keep[0]
+    conn.execute("DELETE FROM environment_revisions WHERE name=? AND generation < ?", (name, floor))
 
 
 def _apply_step_events(conn: sqlite3.Connection, node: str, events: Sequence[Event]) -> None:

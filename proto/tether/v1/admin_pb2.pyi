@@ -35,6 +35,7 @@ class Environment(_message.Message):
     UPDATED_MS_FIELD_NUMBER: _builtins.int
     NODE_COUNT_FIELD_NUMBER: _builtins.int
     NOTES_FIELD_NUMBER: _builtins.int
+    AGENT_VERSION_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     generation: _builtins.int
     document: _builtins.str
@@ -43,6 +44,8 @@ class Environment(_message.Message):
     created_ms: _builtins.int
     updated_ms: _builtins.int
     node_count: _builtins.int
+    agent_version: _builtins.str
+    """the agent version its nodes run ("" = whatever they run)"""
     @_builtins.property
     def notes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
@@ -56,10 +59,11 @@ class Environment(_message.Message):
         updated_ms: _builtins.int = ...,
         node_count: _builtins.int = ...,
         notes: _abc.Iterable[_builtins.str] | None = ...,
+        agent_version: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["api_version", b"api_version", "created_ms", b"created_ms", "document", b"document", "generation", b"generation", "name", b"name", "node_count", b"node_count", "notes", b"notes", "updated_ms", b"updated_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "api_version", b"api_version", "created_ms", b"created_ms", "document", b"document", "generation", b"generation", "name", b"name", "node_count", b"node_count", "notes", b"notes", "updated_ms", b"updated_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -735,10 +739,13 @@ class RenderPlanRequest(_message.Message):
     NODE_FIELD_NUMBER: _builtins.int
     ROLE_FIELD_NUMBER: _builtins.int
     FACTS_FIELD_NUMBER: _builtins.int
+    CLUSTER_POSITION_FIELD_NUMBER: _builtins.int
     environment: _builtins.str
     node: _builtins.str
     """an enrolled node; or:"""
     role: _builtins.str
+    cluster_position: _builtins.str
+    """init | control-plane | worker: include that node's cluster steps"""
     @_builtins.property
     def facts(self) -> _common_pb2.HostFacts: ...
     def __init__(
@@ -748,10 +755,11 @@ class RenderPlanRequest(_message.Message):
         node: _builtins.str = ...,
         role: _builtins.str = ...,
         facts: _common_pb2.HostFacts | None = ...,
+        cluster_position: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["facts", b"facts"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["environment", b"environment", "facts", b"facts", "node", b"node", "role", b"role"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster_position", b"cluster_position", "environment", b"environment", "facts", b"facts", "node", b"node", "role", b"role"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1170,3 +1178,360 @@ class BootstrapEvent(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___BootstrapEvent: _TypeAlias = BootstrapEvent  # noqa: Y015
+
+@_typing.final
+class DiffEnvironmentRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DOCUMENT_FIELD_NUMBER: _builtins.int
+    document: _builtins.str
+    """YAML or JSON, as for ApplyEnvironment"""
+    def __init__(
+        self,
+        *,
+        document: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["document", b"document"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DiffEnvironmentRequest: _TypeAlias = DiffEnvironmentRequest  # noqa: Y015
+
+@_typing.final
+class StepChange(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    CHANGE_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    change: _builtins.str
+    """added | changed | removed"""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        change: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["change", b"change", "name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StepChange: _TypeAlias = StepChange  # noqa: Y015
+
+@_typing.final
+class NodeDiff(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    STEPS_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    @_builtins.property
+    def steps(self) -> _containers.RepeatedCompositeFieldContainer[Global___StepChange]: ...
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        steps: _abc.Iterable[Global___StepChange] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "steps", b"steps"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___NodeDiff: _TypeAlias = NodeDiff  # noqa: Y015
+
+@_typing.final
+class DiffEnvironmentResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENVIRONMENT_FIELD_NUMBER: _builtins.int
+    NODES_FIELD_NUMBER: _builtins.int
+    CHANGED_FIELD_NUMBER: _builtins.int
+    GENERATION_FIELD_NUMBER: _builtins.int
+    NOTES_FIELD_NUMBER: _builtins.int
+    environment: _builtins.str
+    changed: _builtins.bool
+    """some node would change, or the document is new or different"""
+    generation: _builtins.int
+    """the current generation (0: not applied yet)"""
+    @_builtins.property
+    def nodes(self) -> _containers.RepeatedCompositeFieldContainer[Global___NodeDiff]:
+        """every enrolled node; steps empty when nothing changes there"""
+
+    @_builtins.property
+    def notes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        environment: _builtins.str = ...,
+        nodes: _abc.Iterable[Global___NodeDiff] | None = ...,
+        changed: _builtins.bool = ...,
+        generation: _builtins.int = ...,
+        notes: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["changed", b"changed", "environment", b"environment", "generation", b"generation", "nodes", b"nodes", "notes", b"notes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DiffEnvironmentResponse: _TypeAlias = DiffEnvironmentResponse  # noqa: Y015
+
+@_typing.final
+class RolloutPolicy(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MAX_PARALLEL_FIELD_NUMBER: _builtins.int
+    MAX_FAILURES_FIELD_NUMBER: _builtins.int
+    CANARY_FIELD_NUMBER: _builtins.int
+    MIN_HEALTHY_SECONDS_FIELD_NUMBER: _builtins.int
+    DRAIN_FIELD_NUMBER: _builtins.int
+    max_parallel: _builtins.str
+    """a count or "N%"; "" = all at once"""
+    max_failures: _builtins.str
+    """a count or "N%"; "" = 0"""
+    canary: _builtins.int
+    min_healthy_seconds: _builtins.int
+    drain: _builtins.bool
+    def __init__(
+        self,
+        *,
+        max_parallel: _builtins.str = ...,
+        max_failures: _builtins.str = ...,
+        canary: _builtins.int = ...,
+        min_healthy_seconds: _builtins.int = ...,
+        drain: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["canary", b"canary", "drain", b"drain", "max_failures", b"max_failures", "max_parallel", b"max_parallel", "min_healthy_seconds", b"min_healthy_seconds"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RolloutPolicy: _TypeAlias = RolloutPolicy  # noqa: Y015
+
+@_typing.final
+class RolloutNode(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    STEP_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    UPDATED_MS_FIELD_NUMBER: _builtins.int
+    CONTROL_PLANE_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    state: _builtins.str
+    """pending | running | updated | failed"""
+    step: _builtins.str
+    """failed: the step that failed"""
+    message: _builtins.str
+    updated_ms: _builtins.int
+    control_plane: _builtins.bool
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        state: _builtins.str = ...,
+        step: _builtins.str = ...,
+        message: _builtins.str = ...,
+        updated_ms: _builtins.int = ...,
+        control_plane: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["control_plane", b"control_plane", "message", b"message", "name", b"name", "state", b"state", "step", b"step", "updated_ms", b"updated_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RolloutNode: _TypeAlias = RolloutNode  # noqa: Y015
+
+@_typing.final
+class Rollout(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENVIRONMENT_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    GENERATION_FIELD_NUMBER: _builtins.int
+    FROM_GENERATION_FIELD_NUMBER: _builtins.int
+    POLICY_FIELD_NUMBER: _builtins.int
+    UPDATED_FIELD_NUMBER: _builtins.int
+    RUNNING_FIELD_NUMBER: _builtins.int
+    PENDING_FIELD_NUMBER: _builtins.int
+    FAILED_FIELD_NUMBER: _builtins.int
+    NODES_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    STARTED_MS_FIELD_NUMBER: _builtins.int
+    UPDATED_MS_FIELD_NUMBER: _builtins.int
+    AGENT_VERSION_FIELD_NUMBER: _builtins.int
+    environment: _builtins.str
+    state: _builtins.str
+    """progressing | paused | halted | complete"""
+    generation: _builtins.int
+    """the generation being rolled out"""
+    from_generation: _builtins.int
+    updated: _builtins.int
+    running: _builtins.int
+    pending: _builtins.int
+    failed: _builtins.int
+    reason: _builtins.str
+    """why it is paused or halted"""
+    started_ms: _builtins.int
+    updated_ms: _builtins.int
+    agent_version: _builtins.str
+    """an agent upgrade: the version being rolled out"""
+    @_builtins.property
+    def policy(self) -> Global___RolloutPolicy: ...
+    @_builtins.property
+    def nodes(self) -> _containers.RepeatedCompositeFieldContainer[Global___RolloutNode]: ...
+    def __init__(
+        self,
+        *,
+        environment: _builtins.str = ...,
+        state: _builtins.str = ...,
+        generation: _builtins.int = ...,
+        from_generation: _builtins.int = ...,
+        policy: Global___RolloutPolicy | None = ...,
+        updated: _builtins.int = ...,
+        running: _builtins.int = ...,
+        pending: _builtins.int = ...,
+        failed: _builtins.int = ...,
+        nodes: _abc.Iterable[Global___RolloutNode] | None = ...,
+        reason: _builtins.str = ...,
+        started_ms: _builtins.int = ...,
+        updated_ms: _builtins.int = ...,
+        agent_version: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["policy", b"policy"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "environment", b"environment", "failed", b"failed", "from_generation", b"from_generation", "generation", b"generation", "nodes", b"nodes", "pending", b"pending", "policy", b"policy", "reason", b"reason", "running", b"running", "started_ms", b"started_ms", "state", b"state", "updated", b"updated", "updated_ms", b"updated_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Rollout: _TypeAlias = Rollout  # noqa: Y015
+
+@_typing.final
+class GetRolloutRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENVIRONMENT_FIELD_NUMBER: _builtins.int
+    environment: _builtins.str
+    def __init__(
+        self,
+        *,
+        environment: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["environment", b"environment"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetRolloutRequest: _TypeAlias = GetRolloutRequest  # noqa: Y015
+
+@_typing.final
+class RolloutRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENVIRONMENT_FIELD_NUMBER: _builtins.int
+    environment: _builtins.str
+    def __init__(
+        self,
+        *,
+        environment: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["environment", b"environment"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RolloutRequest: _TypeAlias = RolloutRequest  # noqa: Y015
+
+@_typing.final
+class UpgradeAgentsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENVIRONMENT_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    environment: _builtins.str
+    version: _builtins.str
+    """"" = the controller's own version"""
+    def __init__(
+        self,
+        *,
+        environment: _builtins.str = ...,
+        version: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["environment", b"environment", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UpgradeAgentsRequest: _TypeAlias = UpgradeAgentsRequest  # noqa: Y015
+
+@_typing.final
+class AgentBundle(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VERSION_FIELD_NUMBER: _builtins.int
+    SHA256_FIELD_NUMBER: _builtins.int
+    SIZE_FIELD_NUMBER: _builtins.int
+    version: _builtins.str
+    sha256: _builtins.str
+    size: _builtins.int
+    def __init__(
+        self,
+        *,
+        version: _builtins.str = ...,
+        sha256: _builtins.str = ...,
+        size: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["sha256", b"sha256", "size", b"size", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AgentBundle: _TypeAlias = AgentBundle  # noqa: Y015
+
+@_typing.final
+class ListAgentBundlesRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListAgentBundlesRequest: _TypeAlias = ListAgentBundlesRequest  # noqa: Y015
+
+@_typing.final
+class ListAgentBundlesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BUNDLES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def bundles(self) -> _containers.RepeatedCompositeFieldContainer[Global___AgentBundle]: ...
+    def __init__(
+        self,
+        *,
+        bundles: _abc.Iterable[Global___AgentBundle] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bundles", b"bundles"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListAgentBundlesResponse: _TypeAlias = ListAgentBundlesResponse  # noqa: Y015

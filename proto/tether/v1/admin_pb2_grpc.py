@@ -125,6 +125,46 @@ class AdminServiceStub:
                 request_serializer=tether_dot_v1_dot_admin__pb2.BootstrapRequest.SerializeToString,
                 response_deserializer=tether_dot_v1_dot_admin__pb2.BootstrapEvent.FromString,
                 _registered_method=True)
+        self.DiffEnvironment = channel.unary_unary(
+                '/tether.v1.AdminService/DiffEnvironment',
+                request_serializer=tether_dot_v1_dot_admin__pb2.DiffEnvironmentRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_admin__pb2.DiffEnvironmentResponse.FromString,
+                _registered_method=True)
+        self.GetRollout = channel.unary_unary(
+                '/tether.v1.AdminService/GetRollout',
+                request_serializer=tether_dot_v1_dot_admin__pb2.GetRolloutRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_admin__pb2.Rollout.FromString,
+                _registered_method=True)
+        self.PauseRollout = channel.unary_unary(
+                '/tether.v1.AdminService/PauseRollout',
+                request_serializer=tether_dot_v1_dot_admin__pb2.RolloutRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_admin__pb2.Rollout.FromString,
+                _registered_method=True)
+        self.ResumeRollout = channel.unary_unary(
+                '/tether.v1.AdminService/ResumeRollout',
+                request_serializer=tether_dot_v1_dot_admin__pb2.RolloutRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_admin__pb2.Rollout.FromString,
+                _registered_method=True)
+        self.AbortRollout = channel.unary_unary(
+                '/tether.v1.AdminService/AbortRollout',
+                request_serializer=tether_dot_v1_dot_admin__pb2.RolloutRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_admin__pb2.Rollout.FromString,
+                _registered_method=True)
+        self.UndoRollout = channel.unary_unary(
+                '/tether.v1.AdminService/UndoRollout',
+                request_serializer=tether_dot_v1_dot_admin__pb2.RolloutRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_admin__pb2.Rollout.FromString,
+                _registered_method=True)
+        self.UpgradeAgents = channel.unary_unary(
+                '/tether.v1.AdminService/UpgradeAgents',
+                request_serializer=tether_dot_v1_dot_admin__pb2.UpgradeAgentsRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_admin__pb2.Rollout.FromString,
+                _registered_method=True)
+        self.ListAgentBundles = channel.unary_unary(
+                '/tether.v1.AdminService/ListAgentBundles',
+                request_serializer=tether_dot_v1_dot_admin__pb2.ListAgentBundlesRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_admin__pb2.ListAgentBundlesResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -242,6 +282,60 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DiffEnvironment(self, request, context):
+        """What applying a document would change on each enrolled node (nothing is stored).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetRollout(self, request, context):
+        """Rollouts: how a new generation of an environment moves through its nodes.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PauseRollout(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResumeRollout(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AbortRollout(self, request, context):
+        """Stop admitting nodes; the ones not yet moved stay on their generation.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UndoRollout(self, request, context):
+        """Re-apply the previous generation's document as a new rollout under the same policy.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UpgradeAgents(self, request, context):
+        """Move the agents of an environment to another version, as a rollout.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListAgentBundles(self, request, context):
+        """The agent versions this controller can hand out.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -334,6 +428,46 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.Bootstrap,
                     request_deserializer=tether_dot_v1_dot_admin__pb2.BootstrapRequest.FromString,
                     response_serializer=tether_dot_v1_dot_admin__pb2.BootstrapEvent.SerializeToString,
+            ),
+            'DiffEnvironment': grpc.unary_unary_rpc_method_handler(
+                    servicer.DiffEnvironment,
+                    request_deserializer=tether_dot_v1_dot_admin__pb2.DiffEnvironmentRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_admin__pb2.DiffEnvironmentResponse.SerializeToString,
+            ),
+            'GetRollout': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetRollout,
+                    request_deserializer=tether_dot_v1_dot_admin__pb2.GetRolloutRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_admin__pb2.Rollout.SerializeToString,
+            ),
+            'PauseRollout': grpc.unary_unary_rpc_method_handler(
+                    servicer.PauseRollout,
+                    request_deserializer=tether_dot_v1_dot_admin__pb2.RolloutRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_admin__pb2.Rollout.SerializeToString,
+            ),
+            'ResumeRollout': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResumeRollout,
+                    request_deserializer=tether_dot_v1_dot_admin__pb2.RolloutRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_admin__pb2.Rollout.SerializeToString,
+            ),
+            'AbortRollout': grpc.unary_unary_rpc_method_handler(
+                    servicer.AbortRollout,
+                    request_deserializer=tether_dot_v1_dot_admin__pb2.RolloutRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_admin__pb2.Rollout.SerializeToString,
+            ),
+            'UndoRollout': grpc.unary_unary_rpc_method_handler(
+                    servicer.UndoRollout,
+                    request_deserializer=tether_dot_v1_dot_admin__pb2.RolloutRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_admin__pb2.Rollout.SerializeToString,
+            ),
+            'UpgradeAgents': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpgradeAgents,
+                    request_deserializer=tether_dot_v1_dot_admin__pb2.UpgradeAgentsRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_admin__pb2.Rollout.SerializeToString,
+            ),
+            'ListAgentBundles': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListAgentBundles,
+                    request_deserializer=tether_dot_v1_dot_admin__pb2.ListAgentBundlesRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_admin__pb2.ListAgentBundlesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -822,6 +956,222 @@ class AdminService:
             '/tether.v1.AdminService/Bootstrap',
             tether_dot_v1_dot_admin__pb2.BootstrapRequest.SerializeToString,
             tether_dot_v1_dot_admin__pb2.BootstrapEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DiffEnvironment(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.AdminService/DiffEnvironment',
+            tether_dot_v1_dot_admin__pb2.DiffEnvironmentRequest.SerializeToString,
+            tether_dot_v1_dot_admin__pb2.DiffEnvironmentResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetRollout(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.AdminService/GetRollout',
+            tether_dot_v1_dot_admin__pb2.GetRolloutRequest.SerializeToString,
+            tether_dot_v1_dot_admin__pb2.Rollout.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PauseRollout(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.AdminService/PauseRollout',
+            tether_dot_v1_dot_admin__pb2.RolloutRequest.SerializeToString,
+            tether_dot_v1_dot_admin__pb2.Rollout.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResumeRollout(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.AdminService/ResumeRollout',
+            tether_dot_v1_dot_admin__pb2.RolloutRequest.SerializeToString,
+            tether_dot_v1_dot_admin__pb2.Rollout.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AbortRollout(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.AdminService/AbortRollout',
+            tether_dot_v1_dot_admin__pb2.RolloutRequest.SerializeToString,
+            tether_dot_v1_dot_admin__pb2.Rollout.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UndoRollout(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.AdminService/UndoRollout',
+            tether_dot_v1_dot_admin__pb2.RolloutRequest.SerializeToString,
+            tether_dot_v1_dot_admin__pb2.Rollout.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpgradeAgents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.AdminService/UpgradeAgents',
+            tether_dot_v1_dot_admin__pb2.UpgradeAgentsRequest.SerializeToString,
+            tether_dot_v1_dot_admin__pb2.Rollout.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListAgentBundles(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.AdminService/ListAgentBundles',
+            tether_dot_v1_dot_admin__pb2.ListAgentBundlesRequest.SerializeToString,
+            tether_dot_v1_dot_admin__pb2.ListAgentBundlesResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -59,6 +59,20 @@ class AdminServiceStub:
     """Treat the stored kubeadm join material as expired: the next join gets fresh material."""
     Bootstrap: _grpc.UnaryStreamMultiCallable[_admin_pb2.BootstrapRequest, _admin_pb2.BootstrapEvent]
     """Adopt a machine over SSH or SSM; the credentials live for this call only."""
+    DiffEnvironment: _grpc.UnaryUnaryMultiCallable[_admin_pb2.DiffEnvironmentRequest, _admin_pb2.DiffEnvironmentResponse]
+    """What applying a document would change on each enrolled node (nothing is stored)."""
+    GetRollout: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetRolloutRequest, _admin_pb2.Rollout]
+    """Rollouts: how a new generation of an environment moves through its nodes."""
+    PauseRollout: _grpc.UnaryUnaryMultiCallable[_admin_pb2.RolloutRequest, _admin_pb2.Rollout]
+    ResumeRollout: _grpc.UnaryUnaryMultiCallable[_admin_pb2.RolloutRequest, _admin_pb2.Rollout]
+    AbortRollout: _grpc.UnaryUnaryMultiCallable[_admin_pb2.RolloutRequest, _admin_pb2.Rollout]
+    """Stop admitting nodes; the ones not yet moved stay on their generation."""
+    UndoRollout: _grpc.UnaryUnaryMultiCallable[_admin_pb2.RolloutRequest, _admin_pb2.Rollout]
+    """Re-apply the previous generation's document as a new rollout under the same policy."""
+    UpgradeAgents: _grpc.UnaryUnaryMultiCallable[_admin_pb2.UpgradeAgentsRequest, _admin_pb2.Rollout]
+    """Move the agents of an environment to another version, as a rollout."""
+    ListAgentBundles: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListAgentBundlesRequest, _admin_pb2.ListAgentBundlesResponse]
+    """The agent versions this controller can hand out."""
 
 @_typing.type_check_only
 class AdminServiceAsyncStub(AdminServiceStub):
@@ -86,6 +100,20 @@ class AdminServiceAsyncStub(AdminServiceStub):
     """Treat the stored kubeadm join material as expired: the next join gets fresh material."""
     Bootstrap: _aio.UnaryStreamMultiCallable[_admin_pb2.BootstrapRequest, _admin_pb2.BootstrapEvent]  # type: ignore[assignment]
     """Adopt a machine over SSH or SSM; the credentials live for this call only."""
+    DiffEnvironment: _aio.UnaryUnaryMultiCallable[_admin_pb2.DiffEnvironmentRequest, _admin_pb2.DiffEnvironmentResponse]  # type: ignore[assignment]
+    """What applying a document would change on each enrolled node (nothing is stored)."""
+    GetRollout: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetRolloutRequest, _admin_pb2.Rollout]  # type: ignore[assignment]
+    """Rollouts: how a new generation of an environment moves through its nodes."""
+    PauseRollout: _aio.UnaryUnaryMultiCallable[_admin_pb2.RolloutRequest, _admin_pb2.Rollout]  # type: ignore[assignment]
+    ResumeRollout: _aio.UnaryUnaryMultiCallable[_admin_pb2.RolloutRequest, _admin_pb2.Rollout]  # type: ignore[assignment]
+    AbortRollout: _aio.UnaryUnaryMultiCallable[_admin_pb2.RolloutRequest, _admin_pb2.Rollout]  # type: ignore[assignment]
+    """Stop admitting nodes; the ones not yet moved stay on their generation."""
+    UndoRollout: _aio.UnaryUnaryMultiCallable[_admin_pb2.RolloutRequest, _admin_pb2.Rollout]  # type: ignore[assignment]
+    """Re-apply the previous generation's document as a new rollout under the same policy."""
+    UpgradeAgents: _aio.UnaryUnaryMultiCallable[_admin_pb2.UpgradeAgentsRequest, _admin_pb2.Rollout]  # type: ignore[assignment]
+    """Move the agents of an environment to another version, as a rollout."""
+    ListAgentBundles: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListAgentBundlesRequest, _admin_pb2.ListAgentBundlesResponse]  # type: ignore[assignment]
+    """The agent versions this controller can hand out."""
 
 class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -218,5 +246,67 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_admin_pb2.BootstrapEvent], _abc.AsyncIterator[_admin_pb2.BootstrapEvent]]:
         """Adopt a machine over SSH or SSM; the credentials live for this call only."""
+
+    @_abc_1.abstractmethod
+    def DiffEnvironment(
+        self,
+        request: _admin_pb2.DiffEnvironmentRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.DiffEnvironmentResponse, _abc.Awaitable[_admin_pb2.DiffEnvironmentResponse]]:
+        """What applying a document would change on each enrolled node (nothing is stored)."""
+
+    @_abc_1.abstractmethod
+    def GetRollout(
+        self,
+        request: _admin_pb2.GetRolloutRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.Rollout, _abc.Awaitable[_admin_pb2.Rollout]]:
+        """Rollouts: how a new generation of an environment moves through its nodes."""
+
+    @_abc_1.abstractmethod
+    def PauseRollout(
+        self,
+        request: _admin_pb2.RolloutRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.Rollout, _abc.Awaitable[_admin_pb2.Rollout]]: ...
+
+    @_abc_1.abstractmethod
+    def ResumeRollout(
+        self,
+        request: _admin_pb2.RolloutRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.Rollout, _abc.Awaitable[_admin_pb2.Rollout]]: ...
+
+    @_abc_1.abstractmethod
+    def AbortRollout(
+        self,
+        request: _admin_pb2.RolloutRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.Rollout, _abc.Awaitable[_admin_pb2.Rollout]]:
+        """Stop admitting nodes; the ones not yet moved stay on their generation."""
+
+    @_abc_1.abstractmethod
+    def UndoRollout(
+        self,
+        request: _admin_pb2.RolloutRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.Rollout, _abc.Awaitable[_admin_pb2.Rollout]]:
+        """Re-apply the previous generation's document as a new rollout under the same policy."""
+
+    @_abc_1.abstractmethod
+    def UpgradeAgents(
+        self,
+        request: _admin_pb2.UpgradeAgentsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.Rollout, _abc.Awaitable[_admin_pb2.Rollout]]:
+        """Move the agents of an environment to another version, as a rollout."""
+
+    @_abc_1.abstractmethod
+    def ListAgentBundles(
+        self,
+        request: _admin_pb2.ListAgentBundlesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.ListAgentBundlesResponse, _abc.Awaitable[_admin_pb2.ListAgentBundlesResponse]]:
+        """The agent versions this controller can hand out."""
 
 def add_AdminServiceServicer_to_server(servicer: AdminServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -24,6 +24,59 @@ else:
 DESCRIPTOR: _descriptor.FileDescriptor
 
 @_typing.final
+class FetchAgentBundleRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VERSION_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
+    version: _builtins.str
+    offset: _builtins.int
+    """resume a partial download"""
+    def __init__(
+        self,
+        *,
+        version: _builtins.str = ...,
+        offset: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["offset", b"offset", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FetchAgentBundleRequest: _TypeAlias = FetchAgentBundleRequest  # noqa: Y015
+
+@_typing.final
+class BundleChunk(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DATA_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
+    SIZE_FIELD_NUMBER: _builtins.int
+    SHA256_FIELD_NUMBER: _builtins.int
+    data: _builtins.bytes
+    offset: _builtins.int
+    size: _builtins.int
+    """of the whole bundle"""
+    sha256: _builtins.str
+    """of the whole bundle (first chunk)"""
+    def __init__(
+        self,
+        *,
+        data: _builtins.bytes = ...,
+        offset: _builtins.int = ...,
+        size: _builtins.int = ...,
+        sha256: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "offset", b"offset", "sha256", b"sha256", "size", b"size"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BundleChunk: _TypeAlias = BundleChunk  # noqa: Y015
+
+@_typing.final
 class EnrollRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -150,12 +203,17 @@ class Hello(_message.Message):
     PLAN_DIGEST_FIELD_NUMBER: _builtins.int
     PLAN_GENERATION_FIELD_NUMBER: _builtins.int
     JOURNAL_FIELD_NUMBER: _builtins.int
+    UPGRADED_FROM_FIELD_NUMBER: _builtins.int
+    ROLLED_BACK_FROM_FIELD_NUMBER: _builtins.int
     agent_version: _builtins.str
     last_acked_seq: _builtins.int
     next_seq: _builtins.int
     plan_digest: _builtins.str
     """the plan the agent holds, if any"""
     plan_generation: _builtins.int
+    upgraded_from: _builtins.str
+    """After a self-upgrade: the version it came from, and whether it rolled back to it."""
+    rolled_back_from: _builtins.str
     @_builtins.property
     def facts(self) -> _common_pb2.HostFacts: ...
     @_builtins.property
@@ -170,10 +228,12 @@ class Hello(_message.Message):
         plan_digest: _builtins.str = ...,
         plan_generation: _builtins.int = ...,
         journal: _abc.Iterable[Global___StepState] | None = ...,
+        upgraded_from: _builtins.str = ...,
+        rolled_back_from: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["facts", b"facts"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "facts", b"facts", "journal", b"journal", "last_acked_seq", b"last_acked_seq", "next_seq", b"next_seq", "plan_digest", b"plan_digest", "plan_generation", b"plan_generation"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "facts", b"facts", "journal", b"journal", "last_acked_seq", b"last_acked_seq", "next_seq", b"next_seq", "plan_digest", b"plan_digest", "plan_generation", b"plan_generation", "rolled_back_from", b"rolled_back_from", "upgraded_from", b"upgraded_from"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

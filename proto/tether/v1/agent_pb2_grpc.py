@@ -44,6 +44,11 @@ class AgentServiceStub:
                 request_serializer=tether_dot_v1_dot_agent__pb2.AgentMessage.SerializeToString,
                 response_deserializer=tether_dot_v1_dot_agent__pb2.ControllerMessage.FromString,
                 _registered_method=True)
+        self.FetchAgentBundle = channel.unary_stream(
+                '/tether.v1.AgentService/FetchAgentBundle',
+                request_serializer=tether_dot_v1_dot_agent__pb2.FetchAgentBundleRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_agent__pb2.BundleChunk.FromString,
+                _registered_method=True)
 
 
 class AgentServiceServicer:
@@ -65,6 +70,13 @@ class AgentServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def FetchAgentBundle(self, request, context):
+        """The agent bundle of one version, in chunks (mTLS; only a version its plan names).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -77,6 +89,11 @@ def add_AgentServiceServicer_to_server(servicer, server):
                     servicer.Connect,
                     request_deserializer=tether_dot_v1_dot_agent__pb2.AgentMessage.FromString,
                     response_serializer=tether_dot_v1_dot_agent__pb2.ControllerMessage.SerializeToString,
+            ),
+            'FetchAgentBundle': grpc.unary_stream_rpc_method_handler(
+                    servicer.FetchAgentBundle,
+                    request_deserializer=tether_dot_v1_dot_agent__pb2.FetchAgentBundleRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_agent__pb2.BundleChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -133,6 +150,33 @@ class AgentService:
             '/tether.v1.AgentService/Connect',
             tether_dot_v1_dot_agent__pb2.AgentMessage.SerializeToString,
             tether_dot_v1_dot_agent__pb2.ControllerMessage.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FetchAgentBundle(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/tether.v1.AgentService/FetchAgentBundle',
+            tether_dot_v1_dot_agent__pb2.FetchAgentBundleRequest.SerializeToString,
+            tether_dot_v1_dot_agent__pb2.BundleChunk.FromString,
             options,
             channel_credentials,
             insecure,

@@ -43,6 +43,8 @@ class AgentServiceStub:
     """The one long-lived stream: plans, releases and commands down; events,
     health and join material up.
     """
+    FetchAgentBundle: _grpc.UnaryStreamMultiCallable[_agent_pb2.FetchAgentBundleRequest, _agent_pb2.BundleChunk]
+    """The agent bundle of one version, in chunks (mTLS; only a version its plan names)."""
 
 @_typing.type_check_only
 class AgentServiceAsyncStub(AgentServiceStub):
@@ -55,6 +57,8 @@ class AgentServiceAsyncStub(AgentServiceStub):
     """The one long-lived stream: plans, releases and commands down; events,
     health and join material up.
     """
+    FetchAgentBundle: _aio.UnaryStreamMultiCallable[_agent_pb2.FetchAgentBundleRequest, _agent_pb2.BundleChunk]  # type: ignore[assignment]
+    """The agent bundle of one version, in chunks (mTLS; only a version its plan names)."""
 
 class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -76,5 +80,13 @@ class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
         """The one long-lived stream: plans, releases and commands down; events,
         health and join material up.
         """
+
+    @_abc_1.abstractmethod
+    def FetchAgentBundle(
+        self,
+        request: _agent_pb2.FetchAgentBundleRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_agent_pb2.BundleChunk], _abc.AsyncIterator[_agent_pb2.BundleChunk]]:
+        """The agent bundle of one version, in chunks (mTLS; only a version its plan names)."""
 
 def add_AgentServiceServicer_to_server(servicer: AgentServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

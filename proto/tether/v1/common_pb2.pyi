@@ -280,12 +280,19 @@ class Plan(_message.Message):
     STEPS_FIELD_NUMBER: _builtins.int
     ENVIRONMENT_FIELD_NUMBER: _builtins.int
     ROLE_FIELD_NUMBER: _builtins.int
+    AGENT_FIELD_NUMBER: _builtins.int
     generation: _builtins.int
     digest: _builtins.str
     environment: _builtins.str
     role: _builtins.str
     @_builtins.property
     def steps(self) -> _containers.RepeatedCompositeFieldContainer[Global___Step]: ...
+    @_builtins.property
+    def agent(self) -> Global___AgentTarget:
+        """The agent version this node should run (empty: keep the running one). An agent that runs
+        another version upgrades itself before its next step, never in the middle of one.
+        """
+
     def __init__(
         self,
         *,
@@ -294,14 +301,41 @@ class Plan(_message.Message):
         steps: _abc.Iterable[Global___Step] | None = ...,
         environment: _builtins.str = ...,
         role: _builtins.str = ...,
+        agent: Global___AgentTarget | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["digest", b"digest", "environment", b"environment", "generation", b"generation", "role", b"role", "steps", b"steps"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "digest", b"digest", "environment", b"environment", "generation", b"generation", "role", b"role", "steps", b"steps"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Plan: _TypeAlias = Plan  # noqa: Y015
+
+@_typing.final
+class AgentTarget(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VERSION_FIELD_NUMBER: _builtins.int
+    SHA256_FIELD_NUMBER: _builtins.int
+    SIZE_FIELD_NUMBER: _builtins.int
+    version: _builtins.str
+    sha256: _builtins.str
+    """of the bundle AgentService.FetchAgentBundle streams"""
+    size: _builtins.int
+    def __init__(
+        self,
+        *,
+        version: _builtins.str = ...,
+        sha256: _builtins.str = ...,
+        size: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["sha256", b"sha256", "size", b"size", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AgentTarget: _TypeAlias = AgentTarget  # noqa: Y015
 
 @_typing.final
 class Event(_message.Message):
