@@ -6,7 +6,7 @@ import contextlib
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
-from controller import tokens, wire
+from controller import __version__, admin_rollouts, tokens, wire
 from controller.agent_service import AgentService
 from controller.app import App
 from controller.documents import DocumentParser
@@ -54,6 +54,7 @@ class AdminService(wire.AdminServiceServicer):
                 changed=existing is None or existing.document != request.document,
                 notes=list(loaded.notes),
             )
+        before = app.store.get_environment(name)
         record, changed = await app.store.put_environment(
             name, request.document, loaded.api_version, loaded.normalized
         )
@@ -62,24 +63,13 @@ class AdminService(wire.AdminServiceServicer):
             "environment applied", environment=name, generation=record.generation, changed=changed, by=who
         )
         if changed:
-            await self._push_plans(name)
+            await app.rollouts.start(record, before.generation if before else 0)
         nodes = app.store.list_nodes(name)
         return wire.admin.ApplyEnvironmentResponse(
             environment=wire.environment_to_pb(record, len(nodes), loaded.notes),
             changed=changed,
             notes=list(loaded.notes),
         )
-
-    async def _push_plans(self, environment: str) -> None:
-        for session in self.app.hub.sessions(environment):
-            node = self.app.store.get_node(session.node)
-            if node is not None and not node.revoked:
-                await self.agents.deliver_plan(
-                    node,
-                    facts_from_dict(node.facts),
-                    agent_digest=node.plan_digest,
-                    agent_generation=node.plan_generation,
-                )
 
     @unary
     async def GetEnvironment(
@@ -119,6 +109,7 @@ class AdminService(wire.AdminServiceServicer):
             )
         await store.delete_environment(request.name)
         await self.app.cluster.forget_environment(request.name)
+        await self.app.rollouts.forget(request.name)
         for t in store.list_tokens(request.name):
             await store.revoke_token(t.id)
         log.info("environment deleted", environment=request.name, by=who, nodes_left=len(live))
@@ -367,7 +358,84 @@ class AdminService(wire.AdminServiceServicer):
             plan = app.planner.plan(env.name, role, wire.facts_from_pb(request.facts))
         return wire.plan_to_pb(plan)
 
-    # -- not yet available --------------------------------------------------------------------
+    # -- rollouts -----------------------------------------------------------------------------
+
+    @unary
+    async def DiffEnvironment(self, request: wire.admin.DiffEnvironmentRequest, context: Any) -> Any:
+        self._caller(context, write=False)
+        loaded = await self.documents.parse(request.document)
+        return admin_rollouts.diff(self.app, loaded, request.document)
+
+    @unary
+    async def GetRollout(self, request: wire.admin.GetRolloutRequest, context: Any) -> Any:
+        self._caller(context, write=False)
+        return admin_rollouts.rollout_to_pb(self.app.rollouts.existing(request.environment))
+
+    @unary
+    async def PauseRollout(self, request: wire.admin.RolloutRequest, context: Any) -> Any:
+        who = self._caller(context, write=True)
+        return admin_rollouts.rollout_to_pb(await self.app.rollouts.pause(request.environment, who))
+
+    @unary
+    async def ResumeRollout(self, request: wire.admin.RolloutRequest, context: Any) -> Any:
+        who = self._caller(context, write=True)
+        return admin_rollouts.rollout_to_pb(await self.app.rollouts.resume(request.environment, who))
+
+    @unary
+    async def AbortRollout(self, request: wire.admin.RolloutRequest, context: Any) -> Any:
+        who = self._caller(context, write=True)
+        return admin_rollouts.rollout_to_pb(await self.app.rollouts.abort(request.environment, who))
+
+    @unary
+    async def UndoRollout(self, request: wire.admin.RolloutRequest, context: Any) -> Any:
+        who = self._caller(context, write=True)
+        app = self.app
+        current = app.rollouts.existing(request.environment)
+        prev = app.rollouts.previous(request.environment)
+        record, _ = await app.store.put_environment(
+            prev.name, prev.document, prev.api_version, prev.spec, agent_version=prev.agent_version
+        )
+        log.info(
+            "rollout undone",
+            environment=record.name,
+            generation=record.generation,
+            document_of=prev.generation,
+            by=who,
+        )
+        r = await app.rollouts.start(record, current.generation, policy=current.policy)
+        return admin_rollouts.rollout_to_pb(r)
+
+    @unary
+    async def UpgradeAgents(self, request: wire.admin.UpgradeAgentsRequest, context: Any) -> Any:
+        who = self._caller(context, write=True)
+        app = self.app
+        env = app.store.get_environment(request.environment)
+        if env is None:
+            raise NotFound(f"environment {request.environment!r} not found")
+        version = request.version or __version__
+        if app.planner.bundles is None or app.planner.bundles.target(version) is None:
+            raise FailedPrecondition(
+                f"this controller holds no agent bundle of version {version!r} "
+                "(tetherctl agent bundles lists the ones it has)"
+            )
+        record, changed = await app.store.put_environment(
+            env.name, env.document, env.api_version, env.spec, agent_version=version
+        )
+        log.info("agent upgrade", environment=env.name, version=version, generation=record.generation, by=who)
+        if changed:
+            return admin_rollouts.rollout_to_pb(await app.rollouts.start(record, env.generation))
+        return admin_rollouts.rollout_to_pb(app.rollouts.existing(env.name))
+
+    @unary
+    async def ListAgentBundles(self, request: wire.admin.ListAgentBundlesRequest, context: Any) -> Any:
+        self._caller(context, write=False)
+        bundles = self.app.planner.bundles
+        return wire.admin.ListAgentBundlesResponse(
+            bundles=[
+                wire.admin.AgentBundle(version=t.version, sha256=t.sha256, size=t.size)
+                for t in (bundles.versions() if bundles else [])
+            ]
+        )
 
     # -- clusters -----------------------------------------------------------------------------
 

@@ -37,7 +37,7 @@ from controller.refusals import REFUSALS
 from controller.rpc import unary
 from controller.store.records import NodeRecord
 from nodeagent import logs
-from nodeagent.model import Event, HostFacts, Plan, now_ms
+from nodeagent.model import Event, HostFacts, Plan, facts_from_dict, now_ms
 from nodeagent.secrets import LineRedactor, Redactor
 
 log = logs.get_logger("tether.controller.agents")
@@ -275,7 +275,8 @@ class AgentService(wire.AgentServiceServicer):
         if current is None or current.revoked:
             return  # a revoked node gets no plan (its stream is being closed)
         cluster = await app.cluster.context(current)
-        plan = app.planner.plan(node.environment, node.role, facts, cluster)
+        generation = app.rollouts.generation_for(current)  # a rollout may hold it back
+        plan = app.planner.plan(node.environment, node.role, facts, cluster, generation)
         current = app.store.get_node(node.name)
         if current is None or current.revoked:
             return
@@ -283,6 +284,17 @@ class AgentService(wire.AgentServiceServicer):
             await app.store.set_node_plan(node.name, plan)
         if plan.digest != agent_digest or plan.generation != agent_generation:
             app.hub.send(node.name, self._plan_message(plan))
+
+    async def push_plan(self, name: str) -> None:
+        """Hand ``name`` the plan it should have now (a rollout admitted it); stored when offline."""
+        node = self.app.store.get_node(name)
+        if node is not None and not node.revoked:
+            await self.deliver_plan(
+                node,
+                facts_from_dict(node.facts),
+                agent_digest=node.plan_digest,
+                agent_generation=node.plan_generation,
+            )
 
     def _plan_message(self, plan: Plan) -> wire.agent.ControllerMessage:
         """The plan as a message, converted once per plan (a fleet of alike nodes shares it)."""
@@ -365,6 +377,7 @@ class AgentService(wire.AgentServiceServicer):
         # A generator: the copies are made only when someone follows this node's events.
         app.hub.publish(node.name, node.environment, (replace(e, node=node.name) for e in events))
         await app.cluster.on_events(node, events)
+        app.rollouts.poke(node.environment)
         if charged.over_bytes or charged.over_events:
             await asyncio.sleep(self.quotas.pause(charged))
 

@@ -11,6 +11,7 @@ from controller.config import ControllerConfig
 from controller.gates import GateKeeper, NoGates
 from controller.hub import Hub
 from controller.planner import Planner
+from controller.rollout import RolloutDriver
 from controller.store import Store
 from nodeagent.secrets import PROCESS_REDACTOR, Redactor
 
@@ -25,5 +26,6 @@ class App:
     planner: Planner
     advertise: str
     cluster: Orchestrator
+    rollouts: RolloutDriver
     gates: GateKeeper = field(default_factory=NoGates)
     redactor: Redactor = field(default_factory=lambda: PROCESS_REDACTOR)

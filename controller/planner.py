@@ -33,6 +33,8 @@ class Bundles(Protocol):
 
     def target(self, version: str) -> AgentTarget | None: ...
 
+    def versions(self) -> list[AgentTarget]: ...
+
 
 class Planner:
     def __init__(

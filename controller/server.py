@@ -28,6 +28,7 @@ from controller.guard import Guard, enroll_bucket
 from controller.hub import Hub
 from controller.listen import WILDCARDS, ListenError, preflight
 from controller.planner import Planner
+from controller.rollout import RolloutDriver
 from controller.secretbox import SecretBox
 from controller.spec import load_document
 from controller.store import SqliteStore
@@ -68,6 +69,7 @@ def _serving_names(config: ControllerConfig, host: str) -> tuple[list[str], str]
 def _add_services(server: grpc.aio.Server, app: App) -> health.aio.HealthServicer:
     """The agent and admin services, health and reflection, on ``server``."""
     agents = AgentService(app)
+    app.rollouts.deliver = agents.push_plan
     wire.add_agent(agents, server)
     wire.add_admin(AdminService(app, agents), server)
     health_servicer = health.aio.HealthServicer()
@@ -149,11 +151,13 @@ class Controller:
             planner=planner,
             advertise=advertise,
             cluster=cluster,
+            rollouts=RolloutDriver(store, hub, planner, cluster),
             gates=cluster,
         )
         health_servicer = _add_services(server, app)
         await _parse_stored_specs(app)
         await server.start()
+        app.rollouts.run()  # resumes the rollouts the store holds
         for name in ("", *wire.SERVICE_NAMES):
             await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
         self._write_admin_conf(ca, advertise if host in WILDCARDS else self.address)
@@ -189,6 +193,8 @@ class Controller:
         log.info("admin credentials written", path=str(path))
 
     async def stop(self, grace: float = 5.0) -> None:
+        if self.app is not None:
+            await self.app.rollouts.stop()
         if self.server is not None:
             await self.server.stop(grace)
         if self.app is not None:

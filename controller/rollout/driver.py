@@ -1,0 +1,264 @@
+"""The one task that moves rollouts along: it observes the nodes of every active rollout, applies
+``advance``'s decisions, keeps the record durable (a restart resumes it) and hands the new plan
+to each node it admits. The agent service asks ``generation_for`` which plan a node gets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Iterable
+
+from controller.cluster.orchestrator import Orchestrator
+from controller.errors import FailedPrecondition, NotFound
+from controller.hub import Hub
+from controller.nodestate import node_state
+from controller.planner import Planner
+from controller.rollout.advance import Observed, advance
+from controller.rollout.state import NodeProgress, NodeStage, Rollout, RolloutStatus
+from controller.spec.model import RolloutPolicy
+from controller.store import EnvironmentRecord, NodeRecord, Store
+from nodeagent import logs
+from nodeagent.model import Role, facts_from_dict, now_ms
+
+log = logs.get_logger("tether.controller.rollouts")
+KEY_PREFIX = "rollout/"
+TICK_SECONDS = 1.0  # how often rollouts look at their nodes without being poked
+
+Deliver = Callable[[str], Awaitable[None]]
+
+
+class RolloutError(FailedPrecondition):
+    """A rollout command that does not apply now (nothing to undo, nothing to resume ...)."""
+
+
+class RolloutDriver:
+    def __init__(self, store: Store, hub: Hub, planner: Planner, cluster: Orchestrator) -> None:
+        self._store, self._hub, self._planner, self._cluster = store, hub, planner, cluster
+        self._rollouts: dict[str, Rollout] = {}
+        for key in store.kv_keys(KEY_PREFIX):
+            raw = store.kv_get(key)
+            if raw:
+                r = Rollout.loads(raw)
+                self._rollouts[r.environment] = r
+        self.deliver: Deliver | None = None  # set by the agent service: hand a node its plan now
+        self._poke = asyncio.Event()
+        self._lock = asyncio.Lock()
+        self._task: asyncio.Task[None] | None = None
+
+    # -- what the rest of the controller asks -------------------------------------------------
+
+    def get(self, environment: str) -> Rollout | None:
+        return self._rollouts.get(environment)
+
+    def generation_for(self, node: NodeRecord) -> int:
+        """The generation ``node`` should run: its old one while a rollout holds it back, else 0
+        (the environment's current generation)."""
+        r = self._rollouts.get(node.environment)
+        if r is None or not r.active or node.name not in r.nodes:
+            return 0
+        return r.generation_for(node.name)
+
+    def poke(self, environment: str) -> None:
+        """Something happened on a node of ``environment``: look again soon."""
+        r = self._rollouts.get(environment)
+        if r is not None and r.active:
+            self._poke.set()
+
+    # -- starting and steering ----------------------------------------------------------------
+
+    async def start(
+        self, env: EnvironmentRecord, from_generation: int, policy: RolloutPolicy | None = None
+    ) -> Rollout:
+        """Roll out ``env`` (just stored as a new generation, replacing ``from_generation``) to the
+        nodes on older ones, under ``policy`` (default: the document's own)."""
+        async with self._lock:
+            if policy is None:
+                policy = self._planner.spec(env).spec.rollout
+            nodes = {n.name: self._enter(env, n) for n in self._members(env)}
+            r = Rollout(
+                environment=env.name,
+                generation=env.generation,
+                from_generation=from_generation,
+                policy=policy,
+                started_ms=now_ms(),
+                updated_ms=now_ms(),
+                agent_version=env.agent_version,
+                nodes=nodes,
+            )
+            moved = sum(1 for p in nodes.values() if not p.unchanged)
+            log.info(
+                "rollout started",
+                environment=env.name,
+                generation=env.generation,
+                nodes=len(nodes),
+                changed=moved,
+                max_parallel=policy.max_parallel or "all",
+                max_failures=policy.max_failures,
+                canary=policy.canary,
+            )
+            r = await self._step(r, deliver=[n for n, p in nodes.items() if p.unchanged])
+        self._poke.set()
+        return r
+
+    def _members(self, env: EnvironmentRecord) -> list[NodeRecord]:
+        """The nodes that move: enrolled, not revoked, holding a plan of an older generation."""
+        return [
+            n
+            for n in self._store.list_nodes(env.name)
+            if not n.revoked and 0 < n.plan_generation < env.generation
+        ]
+
+    def _enter(self, env: EnvironmentRecord, node: NodeRecord) -> NodeProgress:
+        new = self._planner.plan(
+            env.name, node.role, facts_from_dict(node.facts), self._cluster.peek(node), env.generation
+        )
+        unchanged = new.digest == node.plan_digest
+        return NodeProgress(
+            stage=NodeStage.UPDATED if unchanged else NodeStage.PENDING,
+            from_generation=node.plan_generation,
+            control_plane=node.role == Role.CONTROL_PLANE.value,
+            since_ms=now_ms(),
+            unchanged=unchanged,
+        )
+
+    async def pause(self, environment: str, who: str) -> Rollout:
+        return await self._steer(
+            environment, RolloutStatus.PAUSED, f"paused by {who}", (RolloutStatus.PROGRESSING,)
+        )
+
+    async def resume(self, environment: str, who: str) -> Rollout:
+        r = await self._steer(
+            environment, RolloutStatus.PROGRESSING, "", (RolloutStatus.PAUSED, RolloutStatus.HALTED)
+        )
+        log.info("rollout resumed", environment=environment, by=who)
+        return r
+
+    async def abort(self, environment: str, who: str) -> Rollout:
+        return await self._steer(
+            environment,
+            RolloutStatus.HALTED,
+            f"aborted by {who}: nodes not yet moved stay on their generation",
+            (RolloutStatus.PROGRESSING, RolloutStatus.PAUSED, RolloutStatus.HALTED),
+        )
+
+    async def _steer(
+        self, environment: str, to: RolloutStatus, reason: str, allowed: tuple[RolloutStatus, ...]
+    ) -> Rollout:
+        async with self._lock:
+            r = self.existing(environment)
+            if r.status not in allowed:
+                raise RolloutError(
+                    f"the rollout of {environment!r} (generation {r.generation}) is {r.status.value}: "
+                    f"it cannot become {to.value}"
+                )
+            r = await self._step(r.with_status(to, reason, now_ms()))
+        self._poke.set()
+        return r
+
+    def previous(self, environment: str) -> EnvironmentRecord:
+        """The document an undo re-applies: the generation the current rollout came from."""
+        r = self.existing(environment)
+        prev = self._store.get_revision(environment, r.from_generation)
+        if prev is None or r.from_generation == r.generation:
+            raise RolloutError(
+                f"generation {r.from_generation} of {environment!r} is no longer kept: nothing to undo to"
+            )
+        return prev
+
+    def existing(self, environment: str) -> Rollout:
+        r = self._rollouts.get(environment)
+        if r is None:
+            if self._store.get_environment(environment) is None:
+                raise NotFound(f"environment {environment!r} not found")
+            raise RolloutError(f"environment {environment!r} has had no rollout yet (apply a change first)")
+        return r
+
+    async def forget(self, environment: str) -> None:
+        async with self._lock:
+            self._rollouts.pop(environment, None)
+            await self._store.kv_delete(KEY_PREFIX + environment)
+
+    # -- the loop -----------------------------------------------------------------------------
+
+    def run(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._loop(), name="rollouts")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _loop(self) -> None:
+        while True:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._poke.wait(), TICK_SECONDS)
+            self._poke.clear()
+            try:
+                await self.tick()
+            except Exception:  # a bad tick must not end the rollouts; the next one tries again
+                log.exception("rollout tick failed")
+
+    async def tick(self) -> None:
+        async with self._lock:
+            for r in [r for r in self._rollouts.values() if r.active]:
+                await self._step(r)
+
+    async def _step(self, r: Rollout, deliver: Iterable[str] = ()) -> Rollout:
+        """Observe, decide, persist, hand out: one turn of one rollout."""
+        new, admitted = advance(
+            r, self._observe(r), now_ms(), control_planes_healthy=self._planes_healthy(r.environment)
+        )
+        if new != self._rollouts.get(r.environment):
+            self._rollouts[r.environment] = new
+            await self._store.kv_put(KEY_PREFIX + r.environment, new.dumps())
+            if new.status is not r.status:
+                log.info(
+                    "rollout state changed",
+                    state=new.status.value,
+                    environment=new.environment,
+                    generation=new.generation,
+                    reason=new.reason,
+                )
+        for name in admitted:
+            log.info("node admitted to the rollout", environment=new.environment, node=name)
+        for name in (*deliver, *admitted):
+            if self.deliver is not None:
+                await self.deliver(name)
+        return new
+
+    def _observe(self, r: Rollout) -> dict[str, Observed]:
+        records = {n.name: n for n in self._store.list_nodes(r.environment)}
+        observed: dict[str, Observed] = {}
+        for name, progress in r.nodes.items():
+            node = records.get(name)
+            if node is None or node.revoked:
+                observed[name] = Observed(generation=0, state="gone")
+            elif progress.stage is NodeStage.PENDING or node.plan_generation != r.generation:
+                observed[name] = Observed(generation=node.plan_generation, state="pending")
+            else:
+                observed[name] = self._look(r, node)
+        return observed
+
+    def _look(self, r: Rollout, node: NodeRecord) -> Observed:
+        steps = self._store.node_steps(node.name)
+        state = node_state(node, steps, self._hub.connected(node.name)).value
+        failed = next((s for s in steps if s.state == "failed" and not s.continue_on_error), None)
+        return Observed(
+            generation=node.plan_generation,
+            state=state,
+            failed_step=failed.name if failed else "",
+            failed_message=(failed.message or f"exit {failed.exit_code}") if failed else "",
+            agent_ok=not r.agent_version or node.agent_version == r.agent_version,
+        )
+
+    def _planes_healthy(self, environment: str) -> bool:
+        """Every control plane of the cluster is ready and provisioned (True without a cluster)."""
+        if self._cluster.cluster_spec(environment) is None:
+            return True
+        report = self._cluster.health(environment)
+        planes = [n for n in report.nodes if n.role == Role.CONTROL_PLANE.value]
+        return bool(planes) and all(n.ready and n.agent_state == "provisioned" for n in planes)
