@@ -204,7 +204,13 @@ class AdminService(wire.AdminServiceServicer):
             requested: dict[str, dict[str, str]] = {}
             if node.facts:
                 with contextlib.suppress(Exception):
-                    plan = app.planner.plan(node.environment, node.role, facts, app.cluster.peek(node))
+                    plan = app.planner.plan(
+                        node.environment,
+                        node.role,
+                        facts,
+                        app.cluster.peek(node),
+                        app.rollouts.generation_for(node),
+                    )
                     requested = {s.name: dict(s.requested) for s in plan.steps}
             step_pbs = [wire.step_status_to_pb(s, requested.get(s.name)) for s in steps]
         return wire.node_to_pb(

@@ -66,6 +66,7 @@ def environment_to_pb(
         updated_ms=env.updated_ms,
         node_count=node_count,
         notes=list(notes),
+        agent_version=env.agent_version,
     )
 
 

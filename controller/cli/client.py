@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import argparse
 import os
+import sys
 from pathlib import Path
+from typing import Any
 
 import grpc
 
 from controller import wire
 from controller.adminconf import AdminConfig
+from controller.documents import check_size
+from controller.errors import InvalidArgument
 from nodeagent.identity import CONTROLLER_SERVER_NAME
 from nodeagent.limits import client_options
 
@@ -56,3 +61,34 @@ def explain(exc: grpc.RpcError, address: str = "") -> CliError:
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return CliError(f"the controller at {address} did not answer in time")
     return CliError(details or (code.name if code else "request failed"))
+
+
+def read_input(path: str) -> str:
+    if path == "-":
+        return sys.stdin.read()
+    try:
+        return Path(path).read_text()
+    except OSError as exc:
+        raise CliError(f"cannot read {path}: {exc.strerror}") from None
+
+
+class Session:
+    """Lazily connected stub; RPC errors become one clear message."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.stub, self.conf, self.channel = connect(args.config)
+        self.timeout = args.timeout
+
+    def call(self, method: str, request: Any) -> Any:
+        try:
+            return getattr(self.stub, method)(request, timeout=self.timeout)
+        except grpc.RpcError as exc:
+            raise explain(exc, self.conf.controller) from None
+
+
+def check_size_here(document: str, args: argparse.Namespace) -> None:
+    """The controller's size check, here with the same number: one line, before anything is sent."""
+    try:
+        check_size(document, args.max_document_bytes)
+    except InvalidArgument as exc:
+        raise CliError(str(exc)) from None

@@ -7,8 +7,7 @@ import sys
 from typing import Any
 
 from controller import wire
-from controller.cli.client import CliError
-from controller.cli.commands import _Session
+from controller.cli.client import CliError, Session
 from controller.cli.output import emit, table
 
 
@@ -32,7 +31,7 @@ def add_parser(sub: Any) -> None:
 
 
 def health(args: argparse.Namespace) -> int:
-    h = _Session(args).call(
+    h = Session(args).call(
         "GetClusterHealth", wire.admin.GetClusterHealthRequest(environment=args.environment)
     )
     data = {
@@ -87,7 +86,7 @@ def health(args: argparse.Namespace) -> int:
 
 
 def kubeconfig(args: argparse.Namespace) -> int:
-    reply = _Session(args).call(
+    reply = Session(args).call(
         "GetKubeconfig", wire.admin.GetKubeconfigRequest(environment=args.environment, server=args.server)
     )
     if sys.stdout.isatty():
@@ -102,7 +101,7 @@ def kubeconfig(args: argparse.Namespace) -> int:
 def expire(args: argparse.Namespace) -> int:
     if not args.environment:
         raise CliError("--env is required")
-    _Session(args).call(
+    Session(args).call(
         "ExpireJoinMaterial", wire.admin.ExpireJoinMaterialRequest(environment=args.environment)
     )
     print(f"environment/{args.environment}: join material expired; the next join fetches fresh material")

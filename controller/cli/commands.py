@@ -11,60 +11,28 @@ from typing import Any
 import grpc
 
 from controller import tokens, wire
-from controller.cli.client import CliError, connect, explain
+from controller.cli import rollout_cmd
+from controller.cli.client import CliError, Session, check_size_here, explain, read_input
 from controller.cli.output import ago, emit, table, to_dict, when
-from controller.documents import check_size
-from controller.errors import InvalidArgument
+from controller.cli.waiting import UntilDone
 from controller.render import NodeContext, render
 from controller.render.targets import facts_for
 from controller.spec import SpecError, inline_local_files, load_document
 from nodeagent.model import Event, Plan
 
-
-def _read(path: str) -> str:
-    if path == "-":
-        return sys.stdin.read()
-    try:
-        return Path(path).read_text()
-    except OSError as exc:
-        raise CliError(f"cannot read {path}: {exc.strerror}") from None
-
-
-class _Session:
-    """Lazily connected stub; RPC errors become one clear message."""
-
-    def __init__(self, args: argparse.Namespace) -> None:
-        self.stub, self.conf, self.channel = connect(args.config)
-        self.timeout = args.timeout
-
-    def call(self, method: str, request: Any) -> Any:
-        try:
-            return getattr(self.stub, method)(request, timeout=self.timeout)
-        except grpc.RpcError as exc:
-            raise explain(exc, self.conf.controller) from None
-
-
 # -- environments ------------------------------------------------------------------------------
-
-
-def _check_size(document: str, args: argparse.Namespace) -> None:
-    """The controller's size check, here with the same number: one line, before anything is sent."""
-    try:
-        check_size(document, args.max_document_bytes)
-    except InvalidArgument as exc:
-        raise CliError(str(exc)) from None
 
 
 def env_apply(args: argparse.Namespace) -> int:
     base_dir = Path.cwd() if args.file == "-" else Path(args.file).parent
     try:
-        document = inline_local_files(_read(args.file), base_dir)
+        document = inline_local_files(read_input(args.file), base_dir)
     except SpecError as exc:
         for problem in exc.problems:
             print(problem, file=sys.stderr)
         return 1
-    _check_size(document, args)
-    s = _Session(args)
+    check_size_here(document, args)
+    s = Session(args)
     try:
         reply = s.stub.ApplyEnvironment(
             wire.admin.ApplyEnvironmentRequest(document=document, dry_run=args.dry_run), timeout=s.timeout
@@ -79,6 +47,7 @@ def env_apply(args: argparse.Namespace) -> int:
     for note in reply.notes:
         print(f"note: {note}", file=sys.stderr)
     if args.dry_run:
+        rollout_cmd.print_diff(rollout_cmd.request_diff(args, document), "text")
         print(f"environment/{env.name} valid (dry run, nothing stored)")
     elif reply.changed:
         print(f"environment/{env.name} applied (generation {env.generation})")
@@ -88,7 +57,7 @@ def env_apply(args: argparse.Namespace) -> int:
 
 
 def env_get(args: argparse.Namespace) -> int:
-    env = _Session(args).call("GetEnvironment", wire.admin.GetEnvironmentRequest(name=args.name))
+    env = Session(args).call("GetEnvironment", wire.admin.GetEnvironmentRequest(name=args.name))
     data = to_dict(env)
     data["generation"] = env.generation  # proto3 JSON writes 64-bit integers as strings
     emit(data, args.output)
@@ -96,7 +65,7 @@ def env_get(args: argparse.Namespace) -> int:
 
 
 def env_list(args: argparse.Namespace) -> int:
-    reply = _Session(args).call("ListEnvironments", wire.admin.ListEnvironmentsRequest())
+    reply = Session(args).call("ListEnvironments", wire.admin.ListEnvironmentsRequest())
     if args.output != "table":
         data = [{k: v for k, v in to_dict(e).items() if k != "document"} for e in reply.environments]
         emit(data, args.output)
@@ -109,7 +78,7 @@ def env_list(args: argparse.Namespace) -> int:
 
 
 def env_delete(args: argparse.Namespace) -> int:
-    _Session(args).call(
+    Session(args).call(
         "DeleteEnvironment", wire.admin.DeleteEnvironmentRequest(name=args.name, force=args.force)
     )
     print(f"environment/{args.name} deleted")
@@ -119,8 +88,8 @@ def env_delete(args: argparse.Namespace) -> int:
 def env_validate(args: argparse.Namespace) -> int:
     base_dir = Path.cwd() if args.file == "-" else Path(args.file).parent
     try:
-        document = inline_local_files(_read(args.file), base_dir)
-        _check_size(document, args)
+        document = inline_local_files(read_input(args.file), base_dir)
+        check_size_here(document, args)
         loaded = load_document(document)
     except SpecError as exc:
         for problem in exc.problems:
@@ -135,7 +104,7 @@ def env_validate(args: argparse.Namespace) -> int:
 def env_render(args: argparse.Namespace) -> int:
     base_dir = Path.cwd() if args.file == "-" else Path(args.file).parent
     try:
-        loaded = load_document(inline_local_files(_read(args.file), base_dir))
+        loaded = load_document(inline_local_files(read_input(args.file), base_dir))
     except SpecError as exc:
         for problem in exc.problems:
             print(problem, file=sys.stderr)
@@ -191,7 +160,7 @@ def token_create(args: argparse.Namespace) -> int:
         raise CliError(str(exc)) from None
     if args.uses < 1:
         raise CliError("--uses must be at least 1")
-    s = _Session(args)
+    s = Session(args)
     reply = s.call(
         "CreateToken",
         wire.admin.CreateTokenRequest(
@@ -221,7 +190,7 @@ def token_create(args: argparse.Namespace) -> int:
 
 
 def token_list(args: argparse.Namespace) -> int:
-    reply = _Session(args).call("ListTokens", wire.admin.ListTokensRequest(environment=args.environment))
+    reply = Session(args).call("ListTokens", wire.admin.ListTokensRequest(environment=args.environment))
     if args.output != "table":
         emit([to_dict(t) for t in reply.tokens], args.output)
         return 0
@@ -244,7 +213,7 @@ def token_list(args: argparse.Namespace) -> int:
 
 
 def token_revoke(args: argparse.Namespace) -> int:
-    _Session(args).call("RevokeToken", wire.admin.RevokeTokenRequest(id=args.id))
+    Session(args).call("RevokeToken", wire.admin.RevokeTokenRequest(id=args.id))
     print(f"token/{args.id} revoked")
     return 0
 
@@ -272,7 +241,7 @@ def _node_summary(n: Any) -> dict[str, Any]:
 
 
 def node_list(args: argparse.Namespace) -> int:
-    reply = _Session(args).call("ListNodes", wire.admin.ListNodesRequest(environment=args.environment))
+    reply = Session(args).call("ListNodes", wire.admin.ListNodesRequest(environment=args.environment))
     if args.output != "table":
         emit([_node_summary(n) for n in reply.nodes], args.output)
         return 0
@@ -295,7 +264,7 @@ def node_list(args: argparse.Namespace) -> int:
 
 
 def node_describe(args: argparse.Namespace) -> int:
-    n = _Session(args).call("GetNode", wire.admin.GetNodeRequest(name=args.name))
+    n = Session(args).call("GetNode", wire.admin.GetNodeRequest(name=args.name))
     if args.output != "text":
         data = _node_summary(n)
         data["facts"] = to_dict(n.facts)
@@ -351,13 +320,13 @@ def _kv(m: Any) -> str:
 
 
 def node_revoke(args: argparse.Namespace) -> int:
-    _Session(args).call("RevokeNode", wire.admin.RevokeNodeRequest(name=args.name))
+    Session(args).call("RevokeNode", wire.admin.RevokeNodeRequest(name=args.name))
     print(f"node/{args.name} revoked")
     return 0
 
 
 def node_rerun(args: argparse.Namespace) -> int:
-    _Session(args).call("RerunSteps", wire.admin.RerunStepsRequest(node=args.name, steps=args.step))
+    Session(args).call("RerunSteps", wire.admin.RerunStepsRequest(node=args.name, steps=args.step))
     print(f"node/{args.name}: rerun of {', '.join(args.step) or 'all steps'} requested")
     return 0
 
@@ -387,7 +356,7 @@ def _print_event(e: Event, node_column: bool) -> None:
 def events(args: argparse.Namespace) -> int:
     if not args.node and not (args.follow and args.environment):
         raise CliError("--node is required (or --env with --follow)")
-    s = _Session(args)
+    s = Session(args)
     request = wire.admin.ListEventsRequest(node=args.node, after_seq=args.after, environment=args.environment)
     if not args.follow:
         evs: list[Event] = []
@@ -404,25 +373,28 @@ def events(args: argparse.Namespace) -> int:
             for e in evs:
                 _print_event(e, False)
         return 0
+    call = s.stub.FollowEvents(request)
+    watch = None
+    if args.until_done:
+        watch = UntilDone(s, args.environment, (args.node,) if args.node else (), call.cancel)
     try:
-        for m in s.stub.FollowEvents(request):
+        for m in call:
             e = wire.event_from_pb(m)
             if args.output == "json":
                 print(json.dumps(e.to_json()), flush=True)
             else:
                 _print_event(e, not args.node)
     except grpc.RpcError as exc:
-        if exc.code() == grpc.StatusCode.CANCELLED:
-            return 0
-        raise explain(exc, s.conf.controller) from None
-    return 0
+        if exc.code() != grpc.StatusCode.CANCELLED:
+            raise explain(exc, s.conf.controller) from None
+    return watch.finish() if watch is not None else 0
 
 
 # -- plans -------------------------------------------------------------------------------------
 
 
 def plan(args: argparse.Namespace) -> int:
-    s = _Session(args)
+    s = Session(args)
     if args.node:
         request = wire.admin.RenderPlanRequest(node=args.node)
     elif args.environment:

@@ -5,7 +5,11 @@
     tetherctl env render -f ENV.yaml [--role R] [--os OS] [--gpu|--no-gpu] [--out DIR]   (offline)
     tetherctl token create --env NAME --role ROLE [--ttl 15m] [--uses 1] [--print-join-command]
     tetherctl node list | describe NAME | revoke NAME | rerun NAME [--step S]
-    tetherctl events --node NAME [--follow] [-o json]
+    tetherctl env diff -f ENV.yaml [-o json]       (exit 0: no change, 1: some node changes)
+    tetherctl rollout status|pause|resume|abort|undo --env NAME
+    tetherctl wait (--env NAME | --node NAME ...) --for provisioned [--timeout 10m]
+    tetherctl agent upgrade --env NAME [--version V] | agent bundles
+    tetherctl events --node NAME [--follow [--until-done]] [-o json]
     tetherctl plan --node NAME | --env NAME --role ROLE
     tetherctl bootstrap --env NAME --role ROLE (--ssh USER@HOST[:PORT] | --ssm ID | --inventory FILE)
 
@@ -20,7 +24,7 @@ from collections.abc import Callable
 
 import grpc
 
-from controller.cli import bootstrap_cmd, cluster_cmd, commands
+from controller.cli import bootstrap_cmd, cluster_cmd, commands, rollout_cmd, waiting
 from controller.cli.client import CliError, explain
 from nodeagent.limits import MAX_DOCUMENT_BYTES
 
@@ -58,9 +62,14 @@ def _parser() -> argparse.ArgumentParser:
     env = sub.add_parser("env", help="environments").add_subparsers(dest="verb", required=True)
     a = env.add_parser("apply", help="create or update an environment from a YAML file")
     a.add_argument("-f", "--file", required=True, help="Environment YAML ('-' for stdin)")
-    a.add_argument("--dry-run", action="store_true", help="validate on the controller, store nothing")
+    a.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="validate on the controller and show what each node would change; store nothing",
+    )
     document_limit(a)
     a.set_defaults(func=commands.env_apply)
+    rollout_cmd.add_diff_parser(env)
     g = env.add_parser("get", help="show one environment")
     g.add_argument("name")
     out_flag(g, ("yaml", "json"))
@@ -140,10 +149,17 @@ def _parser() -> argparse.ArgumentParser:
     )
     ev.add_argument("--after", type=int, default=0, help="only events after this sequence number")
     ev.add_argument("--follow", "-f", action="store_true", help="keep streaming new events")
+    ev.add_argument(
+        "--until-done",
+        action="store_true",
+        help="with --follow: end once the nodes are provisioned (0), one fails or the rollout halts (1)",
+    )
     out_flag(ev, ("text", "json"))
     ev.set_defaults(func=commands.events)
 
     cluster_cmd.add_parser(sub)
+    rollout_cmd.add_parser(sub)
+    waiting.add_parser(sub)
     bootstrap_cmd.add_parser(sub)
 
     pl = sub.add_parser("plan", help="the plan the controller renders for a node")
