@@ -19,12 +19,15 @@ from typing import Any
 import grpc
 
 from controller import enrollment, wire
+from controller.agentbundles import AgentBundles, HeldBundle
 from controller.app import App
 from controller.auth import Kind
 from controller.enrollment import csr_key_hash, same
 from controller.errors import (
     AlreadyExists,
     ControllerError,
+    InvalidArgument,
+    NotFound,
     PermissionDenied,
     ResourceExhausted,
     TokenRejected,
@@ -34,7 +37,7 @@ from controller.hub import Session
 from controller.limits import PLAN_CACHE_ENTRIES
 from controller.quotas import NodeQuotas
 from controller.refusals import REFUSALS
-from controller.rpc import unary
+from controller.rpc import stream, unary
 from controller.store.records import NodeRecord
 from nodeagent import logs
 from nodeagent.model import Event, HostFacts, Plan, facts_from_dict, now_ms
@@ -180,14 +183,69 @@ class AgentService(wire.AgentServiceServicer):
                     await app.store.update_node(node.name, last_seen_ms=now_ms())
                 log.info("stream closed")
 
+    # -- FetchAgentBundle -----------------------------------------------------------------------
+
+    @stream
+    async def FetchAgentBundle(
+        self, request: wire.agent.FetchAgentBundleRequest, context: Any
+    ) -> AsyncIterator[wire.agent.BundleChunk]:
+        """The bundle of the version the node's plan names, from ``offset``, in chunks of at most
+        ``AGENT_BUNDLE_CHUNK_BYTES``; the first carries the whole bundle's size and SHA-256.
+
+        Only that version: bundles hold no secret, but a node reads what it was told to run and
+        nothing else (a revoked or superseded certificate is refused like on ``Connect``)."""
+        principal = self.app.auth.principal(context)
+        if principal.kind is not Kind.NODE:
+            raise PermissionDenied("FetchAgentBundle needs a node certificate (enroll first)")
+        node = self.admitted(principal.name, principal.fingerprint)
+        bundles, held = self._bundle_for(node, request.version)
+        if request.offset > held.size:
+            raise InvalidArgument(f"offset {request.offset} is past the end ({held.size} bytes)")
+        chunks = bundles.chunks(held, request.offset)
+        first = True
+        try:
+            while (item := await asyncio.to_thread(next, chunks, None)) is not None:
+                offset, data = item
+                yield wire.agent.BundleChunk(
+                    data=data, offset=offset, size=held.size, sha256=held.sha256 if first else ""
+                )
+                first = False
+        finally:
+            chunks.close()  # the file, also when the node went away in the middle
+        if first:  # asked from the end: the size and digest still say what the whole is
+            yield wire.agent.BundleChunk(offset=held.size, size=held.size, sha256=held.sha256)
+
+    def _bundle_for(self, node: NodeRecord, version: str) -> tuple[AgentBundles, HeldBundle]:
+        bundles = self.app.bundles
+        env = self.app.planner.revision(node.environment, node.plan_generation)
+        named = env.agent_version if env is not None else ""
+        if not version or version != named:
+            REFUSALS.refused("agent bundle refused: not the version of the node's plan", node=node.name)
+            raise PermissionDenied(f"the plan of node {node.name!r} names no agent version {version!r}")
+        held = bundles.held(version) if bundles is not None else None
+        if bundles is None or held is None:
+            raise NotFound(f"this controller holds no agent bundle of version {version!r}")
+        return bundles, held
+
     async def _greet(self, node: NodeRecord, hello: wire.agent.Hello, presented: str) -> NodeRecord:
         """Record the hello; retire the previous certificate once the current one is presented;
         take the agent's acked boundary when this store is behind it (restored from a backup)."""
         app = self.app
         facts = wire.facts_from_pb(hello.facts)
         await app.store.update_node(
-            node.name, facts=plain(facts), agent_version=hello.agent_version, last_seen_ms=now_ms()
+            node.name,
+            facts=plain(facts),
+            agent_version=hello.agent_version,
+            agent_rolled_back_from=hello.rolled_back_from,
+            last_seen_ms=now_ms(),
         )
+        if hello.upgraded_from or hello.rolled_back_from:
+            log.info(
+                "agent upgraded" if hello.upgraded_from else "agent rolled back",
+                agent_version=hello.agent_version,
+                upgraded_from=hello.upgraded_from or None,
+                rolled_back_from=hello.rolled_back_from or None,
+            )
         if node.prev_fingerprint and same(presented, node.cert_fingerprint):
             await app.store.update_node(node.name, prev_fingerprint="")
             node = replace(node, prev_fingerprint="")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from controller.agentbundles import AgentBundles
 from controller.auth import Authenticator
 from controller.ca import CertificateAuthority
 from controller.cluster.orchestrator import Orchestrator
@@ -29,3 +30,4 @@ class App:
     rollouts: RolloutDriver
     gates: GateKeeper = field(default_factory=NoGates)
     redactor: Redactor = field(default_factory=lambda: PROCESS_REDACTOR)
+    bundles: AgentBundles | None = None  # the agent versions it hands out (agent upgrades)

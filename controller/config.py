@@ -26,3 +26,7 @@ class ControllerConfig:
     enroll_rate_per_second: float = ENROLL_RATE_PER_SECOND
     # Output stored per node and second (bursts of at least NODE_OUTPUT_BURST_BYTES); the rest summarised.
     node_output_bytes_per_second: float = NODE_OUTPUT_BYTES_PER_SECOND
+    # Agent bundles of other versions (``tether-agent-<version>.tar.gz``; default DATA_DIR/agent-bundles)
+    # and the platform the controller's own version is built for ("3.11/amd64"; default its own).
+    agent_bundles_dir: Path | None = None
+    agent_platform: str = ""

@@ -5,6 +5,7 @@ tether-controller serve [--listen HOST:PORT] [--data-dir DIR] [--advertise HOST:
                         [--node-output-rate BYTES_PER_SECOND]
 tether-controller admin issue --name NAME [--role admin|read-only] [--days N] --out FILE
 tether-controller admin list | revoke (--name NAME | --fingerprint PREFIX)
+tether-controller agent-bundle add FILE | list [--agent-bundles DIR | --data-dir DIR]
 """
 
 from __future__ import annotations
@@ -81,6 +82,17 @@ def _parser() -> argparse.ArgumentParser:
         default=ENROLL_RATE_PER_SECOND,
         help="enrollments accepted per second, all callers together (a fleet coming up at once: raise it)",
     )
+    s.add_argument(
+        "--agent-bundles",
+        type=Path,
+        default=None,
+        help="directory of agent bundles of other versions (default DATA_DIR/agent-bundles)",
+    )
+    s.add_argument(
+        "--agent-platform",
+        default="",
+        help="PYTHON/ARCH the controller's own agent bundle is built for (default: the controller's own)",
+    )
     s.add_argument("--log-level", default="info")
     admin = sub.add_parser("admin", help="admin credentials").add_subparsers(dest="verb", required=True)
     issue = admin.add_parser("issue", help="write an admin config for another operator or a platform client")
@@ -98,8 +110,35 @@ def _parser() -> argparse.ArgumentParser:
     who = revoke.add_mutually_exclusive_group(required=True)
     who.add_argument("--name", default="", help="every unrevoked certificate issued to this name")
     who.add_argument("--fingerprint", default="", help="one certificate (a unique prefix, from admin list)")
+    bundles = sub.add_parser("agent-bundle", help="agent bundles for agent upgrades").add_subparsers(
+        dest="verb", required=True
+    )
+    add = bundles.add_parser("add", help="check a bundle and put it in the bundle directory")
+    add.add_argument("file", type=Path)
+    for sp in (add, bundles.add_parser("list", help="the bundles in the bundle directory")):
+        sp.add_argument("--data-dir", type=Path, default=Path("/var/lib/tether-controller"))
+        sp.add_argument("--agent-bundles", type=Path, default=None, help="default DATA_DIR/agent-bundles")
     sub.add_parser("version", help="print the version")
     return p
+
+
+def bundle_command(args: argparse.Namespace) -> int:
+    """``tether-controller agent-bundle add|list``: the running controller sees a new file at once."""
+    from controller.agentbundles import AgentBundles, add_file
+    from controller.errors import ControllerError
+
+    directory = args.agent_bundles or args.data_dir / "agent-bundles"
+    try:
+        if args.verb == "add":
+            held = add_file(directory, args.file)
+            print(f"added agent {held.version} ({held.size} bytes, sha256 {held.sha256}) as {held.path}")
+            return 0
+        for target in AgentBundles(directory).versions():
+            print(f"{target.version:<24} {target.size:>12} {target.sha256}")
+    except (ControllerError, OSError) as exc:
+        print(f"tether-controller: {exc}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def admin_command(args: argparse.Namespace) -> int:
@@ -158,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "admin":
         return admin_command(args)
+    if args.command == "agent-bundle":
+        return bundle_command(args)
     logs.configure(args.log_level)
     config = ControllerConfig(
         data_dir=args.data_dir,
@@ -170,6 +211,8 @@ def main(argv: list[str] | None = None) -> int:
         max_document_bytes=args.max_document_bytes,
         enroll_rate_per_second=args.enroll_rate,
         node_output_bytes_per_second=args.node_output_rate,
+        agent_bundles_dir=args.agent_bundles,
+        agent_platform=args.agent_platform,
     )
 
     def ready(address: str) -> None:

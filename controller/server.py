@@ -19,11 +19,13 @@ from controller.admin_service import AdminService
 from controller.adminconf import AdminConfig
 from controller.admins import AdminRegistry
 from controller.agent_service import AgentService
+from controller.agentbundles import agent_bundles
 from controller.app import App
 from controller.auth import Authenticator
 from controller.ca import CertificateAuthority
 from controller.cluster.orchestrator import Orchestrator
 from controller.config import ControllerConfig
+from controller.errors import ControllerError
 from controller.guard import Guard, enroll_bucket
 from controller.hub import Hub
 from controller.listen import WILDCARDS, ListenError, preflight
@@ -140,7 +142,8 @@ class Controller:
         advertise = config.advertise or _join_host(advertise_host, bound)
         hub = Hub()
         box = SecretBox.load_or_create(config.data_dir / "pki" / "secrets.key")
-        planner = Planner(store)
+        bundles = agent_bundles(config)
+        planner = Planner(store, bundles=bundles)
         cluster = Orchestrator(store, hub, box, PROCESS_REDACTOR, specs=planner.spec)
         app = App(
             config=config,
@@ -153,9 +156,11 @@ class Controller:
             cluster=cluster,
             rollouts=RolloutDriver(store, hub, planner, cluster),
             gates=cluster,
+            bundles=bundles,
         )
         health_servicer = _add_services(server, app)
         await _parse_stored_specs(app)
+        await _build_named_bundles(app)
         await server.start()
         app.rollouts.run()  # resumes the rollouts the store holds
         for name in ("", *wire.SERVICE_NAMES):
@@ -218,6 +223,19 @@ async def _parse_stored_specs(app: App) -> None:
             )
             continue
         app.planner.remember(env, loaded)
+
+
+async def _build_named_bundles(app: App) -> None:
+    """Build the controller's own agent bundle now when an environment names its version (a plan
+    rendered before it exists would carry no agent target)."""
+    bundles = app.bundles
+    if bundles is None:
+        return
+    if any(e.agent_version == bundles.own_version for e in app.store.list_environments()):
+        try:
+            await bundles.ensure(bundles.own_version)
+        except ControllerError as exc:
+            log.warning("agent bundle not available", version=bundles.own_version, error=str(exc))
 
 
 async def serve(config: ControllerConfig, on_ready: Callable[[str], None] | None = None) -> None:

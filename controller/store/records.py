@@ -37,6 +37,8 @@ class NodeRecord:
     plan_digest: str = ""
     stored_seq: int = 0
     prev_fingerprint: str = ""
+    # The version its agent went back from by itself after a failed self-upgrade (hello), or "".
+    agent_rolled_back_from: str = ""
 
 
 @dataclass(frozen=True)

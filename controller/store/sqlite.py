@@ -26,7 +26,7 @@ from nodeagent.model import Event, EventKind, Plan, now_ms
 T = TypeVar("T")
 WriteFn = Callable[[sqlite3.Connection], Any]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 KEEP_REVISIONS = 20  # an environment's past documents kept (and every one a node still runs)
 REVISIONS_DDL = """
 CREATE TABLE IF NOT EXISTS environment_revisions (
@@ -51,7 +51,8 @@ CREATE TABLE IF NOT EXISTS nodes (
     enrolled_ms INTEGER NOT NULL, revoked INTEGER NOT NULL DEFAULT 0, facts TEXT NOT NULL DEFAULT '{}',
     health TEXT NOT NULL DEFAULT '{}', last_seen_ms INTEGER NOT NULL DEFAULT 0,
     agent_version TEXT NOT NULL DEFAULT '', plan_generation INTEGER NOT NULL DEFAULT 0,
-    plan_digest TEXT NOT NULL DEFAULT '', stored_seq INTEGER NOT NULL DEFAULT 0);
+    plan_digest TEXT NOT NULL DEFAULT '', stored_seq INTEGER NOT NULL DEFAULT 0,
+    agent_rolled_back_from TEXT NOT NULL DEFAULT '');
 CREATE INDEX IF NOT EXISTS nodes_by_env ON nodes (environment);
 CREATE TABLE IF NOT EXISTS node_steps (
     node TEXT NOT NULL, ordinal INTEGER NOT NULL, name TEXT NOT NULL, digest TEXT NOT NULL,
@@ -80,6 +81,7 @@ NODE_FIELDS = {
     "health",
     "last_seen_ms",
     "agent_version",
+    "agent_rolled_back_from",
     "plan_generation",
     "plan_digest",
 }
@@ -204,7 +206,8 @@ def _token(row: sqlite3.Row | tuple[Any, ...]) -> TokenRecord:
 
 _NODE_COLUMNS = (
     "name, environment, role, cert_fingerprint, key_hash, token_id, enrolled_ms, revoked, facts, health, "
-    "last_seen_ms, agent_version, plan_generation, plan_digest, stored_seq, prev_fingerprint"
+    "last_seen_ms, agent_version, plan_generation, plan_digest, stored_seq, prev_fingerprint, "
+    "agent_rolled_back_from"
 )
 
 
@@ -226,6 +229,7 @@ def _node(row: sqlite3.Row | tuple[Any, ...]) -> NodeRecord:
         digest,
         stored_seq,
         prev_fp,
+        rolled_back_from,
     ) = row
     return NodeRecord(
         name=name,
@@ -244,6 +248,7 @@ def _node(row: sqlite3.Row | tuple[Any, ...]) -> NodeRecord:
         plan_digest=digest,
         stored_seq=stored_seq,
         prev_fingerprint=prev_fp,
+        agent_rolled_back_from=rolled_back_from,
     )
 
 
@@ -306,6 +311,8 @@ class SqliteStore:
         try:
             if row is not None and int(row[0]) < 2:
                 _migrate_to_2(conn)
+            if row is not None and int(row[0]) < 3:
+                _migrate_to_3(conn)
             for statement in SCHEMA.split(";"):
                 if statement.strip():
                     conn.execute(statement)
@@ -465,7 +472,7 @@ class SqliteStore:
                 # A fresh enrollment is a new machine: it has run none of the old one's steps.
                 conn.execute("DELETE FROM node_steps WHERE node=?", (node_name,))
             conn.execute(
-                f"INSERT OR REPLACE INTO nodes ({_NODE_COLUMNS}) VALUES ({','.join('?' * 16)})",
+                f"INSERT OR REPLACE INTO nodes ({_NODE_COLUMNS}) VALUES ({','.join('?' * 17)})",
                 (
                     record.name,
                     record.environment,
@@ -483,6 +490,7 @@ class SqliteStore:
                     record.plan_digest,
                     record.stored_seq,
                     record.prev_fingerprint,
+                    record.agent_rolled_back_from,
                 ),
             )
             return record
@@ -701,6 +709,11 @@ def _migrate_to_2(conn: sqlite3.Connection) -> None:
         "INSERT OR IGNORE INTO environment_revisions "
         "SELECT name, generation, document, api_version, spec, updated_ms, agent_version FROM environments"
     )
+
+
+def _migrate_to_3(conn: sqlite3.Connection) -> None:
+    """Schema 2 -> 3: a node remembers the agent version it rolled back from."""
+    conn.execute("ALTER TABLE nodes ADD COLUMN agent_rolled_back_from TEXT NOT NULL DEFAULT ''")
 
 
 def _prune_revisions(conn: sqlite3.Connection, name: str) -> None:
