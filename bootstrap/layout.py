@@ -9,6 +9,9 @@ from typing import Any
 
 import yaml
 
+from nodeagent import upgrade
+from nodeagent.limits import UPGRADE_MAX_STARTS
+
 UNIT_NAME = "tether-agent.service"
 
 
@@ -87,14 +90,59 @@ def agent_config(
     return (header + yaml.safe_dump(doc, sort_keys=False)).encode()
 
 
+LAUNCHER = r"""#!/bin/sh
+# Written by tether bootstrap: runs the node agent from the current bundle (AGENTS/current).
+# While a self-upgrade is on probation (AGENTS/upgrade.pending), every start of `run` is counted;
+# after MAX_STARTS starts, or once its deadline has passed, the new version has failed: `current`
+# goes back to the previous bundle and AGENTS/upgrade.rolledback tells the old agent why. This is
+# shell on purpose: a broken bundle cannot run Python, let alone its own rollback.
+# See docs/agent-upgrades.md.
+agents=AGENTS
+if [ "$1" = run ] && [ -f "$agents/PENDING" ]; then
+    from_bundle=; deadline=0; to_version=; to_sha256=
+    while IFS='=' read -r key value; do
+        case $key in
+            from_bundle) from_bundle=$value ;;
+            deadline) deadline=$value ;;
+            to_version) to_version=$value ;;
+            to_sha256) to_sha256=$value ;;
+        esac
+    done < "$agents/PENDING"
+    printf . >> "$agents/STARTS"
+    starts=$(wc -c < "$agents/STARTS")
+    reason=
+    if [ "$starts" -gt MAX_STARTS ]; then
+        reason="version $to_version did not start ($((starts - 1)) starts)"
+    elif [ "$(date +%s)" -ge "$deadline" ]; then
+        reason="version $to_version did not reach the controller and report health by its deadline"
+    fi
+    if [ -n "$reason" ] && [ -n "$from_bundle" ] && [ -f "$agents/$from_bundle/launch.py" ]; then
+        printf 'version=%s\nsha256=%s\nreason=%s\n' "$to_version" "$to_sha256" "$reason" \
+            > "$agents/ROLLED_BACK.tmp" && mv -f "$agents/ROLLED_BACK.tmp" "$agents/ROLLED_BACK"
+        ln -sfn "$from_bundle" "$agents/.current-rollback" &&
+            mv -Tf "$agents/.current-rollback" "$agents/current"
+        rm -f "$agents/PENDING" "$agents/STARTS"
+        echo "tether-agent: rolled back to bundle $from_bundle: $reason" >&2
+    fi
+fi
+exec PYTHON -I "$agents/current/launch.py" "$@"
+"""
+
+
 def launcher(layout: Layout, python: str) -> bytes:
-    """``/opt/tether/bin/tether-agent``: the chosen interpreter, isolated, running the current bundle."""
-    entry = shlex.quote(f"{layout.current}/launch.py")
-    return (
-        "#!/bin/sh\n"
-        "# Written by tether bootstrap: runs the node agent from the current bundle.\n"
-        f'exec {shlex.quote(python)} -I {entry} "$@"\n'
-    ).encode()
+    """``/opt/tether/bin/tether-agent``: the chosen interpreter, isolated, running the current bundle,
+    and rolling a failed self-upgrade back (``nodeagent.upgrade``)."""
+    text = LAUNCHER
+    for name, value in (
+        ("AGENTS", shlex.quote(layout.agents_dir)),
+        ("MAX_STARTS", str(UPGRADE_MAX_STARTS)),
+        ("ROLLED_BACK", upgrade.ROLLED_BACK),
+        ("PENDING", upgrade.PENDING),
+        ("STARTS", upgrade.STARTS),
+        ("PYTHON", shlex.quote(python)),
+    ):
+        text = text.replace(name, value)
+    return text.encode()
 
 
 def marker(**fields: Any) -> bytes:

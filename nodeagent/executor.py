@@ -12,7 +12,7 @@ import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from nodeagent import logs
 from nodeagent.journal import Journal, JournalState
@@ -22,6 +22,15 @@ from nodeagent.runner import Runner, StepResult, kill_leftovers
 from nodeagent.statedb import StateDB
 
 log = logs.get_logger("tether.agent.executor")
+
+
+class AgentUpgrade(Protocol):
+    """Moves the agent to the version a plan names (``nodeagent.upgrader.Upgrader``)."""
+
+    def wanted(self, target: AgentTarget | None) -> bool: ...
+
+    async def apply(self, target: AgentTarget) -> bool: ...  # True: the agent restarts into it
+
 
 GateWaiter = Callable[[Step, int], Awaitable[Mapping[str, str]]]  # (step, attempt) -> secret env
 SecretsSink = Callable[[str, Mapping[str, str], Mapping[str, str]], None]  # (step, secrets, outputs)
@@ -69,6 +78,7 @@ class Executor:
         on_secrets: SecretsSink = lambda step, secrets, outputs: None,
         base_env: Mapping[str, str] | None = None,
         retry_base_seconds: float = RETRY_BASE_SECONDS,
+        upgrade: AgentUpgrade | None = None,
     ) -> None:
         self.db = db
         self.journal = Journal(db)
@@ -81,12 +91,13 @@ class Executor:
         self._on_secrets = on_secrets
         self._env = dict(base_env or {})
         self._retry_base = retry_base_seconds
+        self.upgrade = upgrade
         self._wake = asyncio.Event()
         self._plan: Plan | None = None
         saved = db.get_meta("plan")
         if saved:
             self._plan = plan_from_json(saved)
-        self.state = "idle"  # idle | running | waiting | succeeded | failed | rebooting
+        self.state = "idle"  # idle | running | waiting | succeeded | failed | rebooting | upgrading
 
     @property
     def plan(self) -> Plan | None:
@@ -112,6 +123,10 @@ class Executor:
                 plan_generation=plan.generation,
             )
         )
+        self._wake.set()
+
+    def wake(self) -> None:
+        """Walk the plan again (a retry of the agent upgrade is due, say)."""
         self._wake.set()
 
     def set_env(self, env: Mapping[str, str]) -> None:
@@ -158,12 +173,25 @@ class Executor:
         for step in plan.steps:
             if self._plan is not plan:
                 return  # a new plan arrived: start over with it
+            await self._upgrade_between_steps(plan)
             with logs.bound(step=step.name):
                 outcome = await self._visit(plan, step)
             if outcome == "stop":
                 return
+        await self._upgrade_between_steps(plan)
         self.state = "succeeded"
         log.info("plan complete", steps=len(plan.steps), digest=plan.digest[:12])
+
+    async def _upgrade_between_steps(self, plan: Plan) -> None:
+        """Move to the plan's agent version before the next step (never in the middle of one); once
+        the agent restarts into it, no step starts here again."""
+        if self.upgrade is None or not self.upgrade.wanted(plan.agent):
+            return
+        assert plan.agent is not None
+        state, self.state = self.state, "upgrading"
+        if await self.upgrade.apply(plan.agent):
+            await asyncio.Event().wait()  # until the agent stops (it is exiting for the restart)
+        self.state = state
 
     async def _visit(self, plan: Plan, step: Step) -> str:
         """Returns "next" to go on, or "stop"."""

@@ -24,7 +24,7 @@ from typing import Any
 
 import grpc
 
-from nodeagent import __version__, facts, logs, systemd, wire
+from nodeagent import __version__, bundlefetch, facts, logs, systemd, wire
 from nodeagent.certinfo import read_certinfo
 from nodeagent.channel import secure_channel
 from nodeagent.config import AgentConfig
@@ -33,12 +33,14 @@ from nodeagent.errors import AgentError, ControllerUnavailable, EnrollError, Ide
 from nodeagent.executor import Executor, scripts_dir
 from nodeagent.identity import Identity, IdentityStore, make_csr
 from nodeagent.limits import EVENT_BATCH_COUNT
-from nodeagent.model import Event, EventKind, Step
+from nodeagent.model import AgentTarget, Event, EventKind, Step
 from nodeagent.renewal import RenewalRule
 from nodeagent.runner import Runner
 from nodeagent.secrets import PROCESS_REDACTOR
 from nodeagent.statedb import DB_NAME, StateDB, state_error
 from nodeagent.supervise import Supervisor, local_fault
+from nodeagent.upgrade import Install
+from nodeagent.upgrader import Upgrader
 
 log = logs.get_logger("tether.agent")
 
@@ -118,6 +120,19 @@ class Agent:
         self._renewal = RenewalRule()
         self.reexec_after_enrolling = False
         self.reexec = False
+        self.restarting_into = ""  # the version this agent exits to be restarted into
+        self._upgrading = asyncio.Event()
+        self._tasks_running = 0
+        self._no_task = asyncio.Event()
+        self._no_task.set()
+        self.upgrader = Upgrader(
+            Install.find(),
+            emit=lambda event: self.executor.emit(event),
+            fetch=self._fetch_bundle,
+            restart=self._restart_for_upgrade,
+            wake=lambda: self.executor.wake(),
+            quiet=self._no_tasks,
+        )
         boot_id = facts.boot_id()  # fixed for the life of this process: a reboot ends it
         self.executor = Executor(
             self.db,
@@ -127,6 +142,7 @@ class Agent:
             gate=self._wait_gate,
             on_events=self._kick.set,
             on_secrets=self._on_step_secrets,
+            upgrade=self.upgrader,
         )
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -147,7 +163,7 @@ class Agent:
                 return
             await self._start(self.identity)
             try:
-                await self.supervisor.wait()
+                await self._until_stopped()
             except AgentError as exc:
                 await self._report_failure(str(exc))
                 raise
@@ -155,6 +171,38 @@ class Agent:
             self._set_state(AgentState.DRAINING)
             await self.supervisor.stop()
             self.db.close()
+
+    async def _until_stopped(self) -> None:
+        """Until a watched task fails (its error is raised) or the agent restarts into a new version."""
+        failed = asyncio.ensure_future(self.supervisor.wait())
+        upgrading = asyncio.ensure_future(self._upgrading.wait())
+        try:
+            await asyncio.wait({failed, upgrading}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            upgrading.cancel()
+            if not failed.done():
+                failed.cancel()
+        if failed.done() and not failed.cancelled():
+            failed.result()  # raises the failure
+        log.info("exiting to be restarted into the new agent version", version=self.restarting_into)
+        await self._drain_outbox(10.0)  # the controller hears why the stream goes away
+
+    def _restart_for_upgrade(self, version: str) -> None:
+        self.restarting_into = version
+        self._upgrading.set()
+
+    async def _no_tasks(self) -> None:
+        """Until no command's task runs (the restart would kill it with the unit's cgroup)."""
+        await self._no_task.wait()
+
+    async def _fetch_bundle(self, target: AgentTarget, dest: Path) -> None:
+        await bundlefetch.fetch(self.config.controller, self.identities.load(), target, dest)
+
+    async def _run_plan(self) -> None:
+        """The executor; a new agent version on probation runs no step until it has committed (a
+        rollback restarts the agent, which would kill a running step)."""
+        await self.upgrader.committed.wait()
+        await self.executor.run_forever()
 
     async def _start(self, identity: Identity) -> None:
         """Start the long-lived tasks, each under the supervisor."""
@@ -169,7 +217,9 @@ class Agent:
                 "TETHER_NODE_IP": addresses[0] if addresses else "",
             }
         )
-        self.supervisor.watch(self.executor.run_forever(), "executor")
+        self.upgrader.announce()
+        self.supervisor.watch(self.upgrader.guard_probation(), "upgrade", forever=False)
+        self.supervisor.watch(self._run_plan(), "executor")
         self.supervisor.watch(self._health_loop(), "health")
         if systemd.watchdog_interval():
             self.supervisor.watch(self._watchdog_loop(), "watchdog")
@@ -319,6 +369,8 @@ class Agent:
                 wire.pb.StepState(step=e.step, digest=e.digest, state=e.state.value)
                 for e in self.executor.journal.entries()
             ],
+            upgraded_from=self.upgrader.upgraded_from,
+            rolled_back_from=self.upgrader.rolled_back_from,
         )
 
     async def _writer(self, call: grpc.aio.StreamStreamCall, stored_seq: int) -> None:  # type: ignore[type-arg]
@@ -331,7 +383,10 @@ class Agent:
         while True:
             self._kick.clear()
             while not self._control.empty():
-                await call.write(self._control.get_nowait())
+                msg = self._control.get_nowait()
+                await call.write(msg)
+                if msg.WhichOneof("kind") == "health":
+                    self.upgrader.healthy()  # welcomed and reporting: a new version stays
             await self._write_secrets(call, last_sent, sent_secrets)
             # Bounded in bytes (EVENT_BATCH_BYTES) and in events, far below the controller's limit,
             # and never past the events a step's secrets wait for (they go out right after them).
@@ -448,7 +503,14 @@ class Agent:
         self.supervisor.watch(coro, name, forever=False)  # a failure stops the agent
 
     async def _run_task(self, command_id: str, step: Step) -> None:
-        result = await self.executor.run_task(step)
+        self._tasks_running += 1
+        self._no_task.clear()
+        try:
+            result = await self.executor.run_task(step)
+        finally:
+            self._tasks_running -= 1
+            if not self._tasks_running:
+                self._no_task.set()
         if result.ok:
             self._on_step_secrets(step.name, result.secrets, result.outputs, command_id)
 
