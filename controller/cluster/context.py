@@ -5,17 +5,33 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from controller.spec.model import ClusterSpec, EnvironmentSpec
+
 # The gate every joining node waits at, and the names of the cluster steps.
 JOIN_GATE = "cluster-join"
 INIT_STEP = "kubeadm-init"
 JOIN_STEP = "kubeadm-join"
 API_PORT = 6443
+# spec.rollout.drain: the node's disruptive steps run between these two gated steps.
+DRAIN_GATE = "cluster-drain"
+UNCORDON_GATE = "cluster-uncordon"
+DRAIN_STEP = "drain"
+UNCORDON_STEP = "uncordon"
+DRAIN_GATES = {DRAIN_STEP: DRAIN_GATE, UNCORDON_STEP: UNCORDON_GATE}
+# What the controller releases those gates with (plain environment: nothing secret).
+GATE_RESULT = "TETHER_GATE_RESULT"  # "done", or anything else: the step fails with the message
+GATE_MESSAGE = "TETHER_GATE_MESSAGE"
+GATE_DONE = "done"
 
 
 class Position(str, enum.Enum):
     INIT = "init"  # the control plane that runs kubeadm init (decided once, durably)
     CONTROL_PLANE = "control-plane"  # joins with --control-plane and the certificate key
     WORKER = "worker"
+
+    @property
+    def role(self) -> str:
+        return "worker" if self is Position.WORKER else "control-plane"
 
 
 @dataclass(frozen=True)
@@ -30,3 +46,48 @@ class ClusterContext:
     @property
     def control_plane(self) -> bool:
         return self.position is not Position.WORKER
+
+
+def cluster_of(spec: EnvironmentSpec) -> ClusterSpec | None:
+    """The spec's kubeadm cluster, or None (no spec.cluster, or Kubernetes not installed by kubeadm)."""
+    kube = spec.kubernetes
+    if spec.cluster is None or not kube.install or kube.installer != "kubeadm":
+        return None
+    return spec.cluster
+
+
+def context_for(spec: ClusterSpec, position: Position) -> ClusterContext:
+    """The context of a node at ``position`` (the orchestrator's, and the offline preview's)."""
+    ha = spec.high_availability
+    return ClusterContext(
+        position,
+        upload_certs=spec.control_plane.count > 1 or ha.enabled,
+        ha_endpoint=with_port(ha.endpoint) if ha.enabled else "",
+        dedicated_control_plane=spec.control_plane.dedicated,
+    )
+
+
+def with_port(host: str) -> str:
+    """``host`` with the API port when it names none (IPv6 in brackets)."""
+    if not host:
+        return ""
+    if host.startswith("["):
+        return host if "]:" in host else f"{host}:{API_PORT}"
+    return host if host.count(":") == 1 else f"{host}:{API_PORT}"
+
+
+def preview_context(spec: EnvironmentSpec, position: str) -> ClusterContext | None:
+    """What a node at ``position`` ("" for none) of this spec's cluster gets, for offline previews:
+    the same context the orchestrator gives a real node there."""
+    if not position:
+        return None
+    try:
+        at = Position(position)
+    except ValueError:
+        raise ValueError(f"unknown cluster position {position!r} (init, control-plane or worker)") from None
+    cluster = cluster_of(spec)
+    if cluster is None:
+        raise ValueError(
+            "a cluster position needs a kubeadm cluster: spec.cluster, with Kubernetes installed by kubeadm"
+        )
+    return context_for(cluster, at)

@@ -6,7 +6,8 @@ node runs its base steps at once; the control plane chosen to initialise
 over its stream; the gate then opens and the other nodes join in parallel.
 Material that has expired (token TTL, the 2-hour certificate-key window) is
 refreshed by asking a control plane's agent, so nodes can join days later.
-After each join a control plane labels and taints the new node.
+After each join a control plane labels and taints the new node. With ``spec.rollout.drain`` the
+drain and uncordon gates around a node's disruptive steps are answered by ``drain.Drainer``.
 
 Nothing is handed to a revoked node (releases, refresh and label tasks) and nothing from one is
 accepted. Init material is accepted once per cluster, from the init node, only while its
@@ -30,7 +31,20 @@ import yaml
 
 from controller import wire
 from controller.cluster import health
-from controller.cluster.context import API_PORT, INIT_STEP, JOIN_GATE, JOIN_STEP, ClusterContext, Position
+from controller.cluster.context import (
+    DRAIN_GATES,
+    INIT_STEP,
+    JOIN_GATE,
+    JOIN_STEP,
+    ClusterContext,
+    Position,
+    cluster_of,
+    context_for,
+    preview_context,
+    with_port,
+)
+from controller.cluster.drain import COMMAND_PREFIX as DRAIN_COMMAND
+from controller.cluster.drain import Drainer
 from controller.cluster.kubeconfig import KubeconfigRefused, sanitise
 from controller.cluster.material import KUBECONFIG, JoinMaterial
 from controller.cluster.scripts import label_task, refresh_task
@@ -99,6 +113,7 @@ class Orchestrator:
         self._material: dict[str, JoinMaterial] = {}
         self._specs: dict[tuple[str, int], ClusterSpec | None] = {}
         self._labelling: dict[str, float] = {}  # node -> when its label task was sent
+        self._drain = Drainer(hub, live=self._live, member=self._member, runner=self._kubectl_runner)
 
     # -- spec and placement -------------------------------------------------------------------
 
@@ -108,11 +123,8 @@ class Orchestrator:
             return None
         key = (env.name, env.generation)
         if key not in self._specs:
-            spec = self._parsed(env).spec
-            kube = spec.kubernetes
-            installer_ok = kube is not None and kube.install and kube.installer == "kubeadm"
             self._specs = {k: v for k, v in self._specs.items() if k[0] != env.name}  # current only
-            self._specs[key] = spec.cluster if (spec.cluster is not None and installer_ok) else None
+            self._specs[key] = cluster_of(self._parsed(env).spec)
         return self._specs[key]
 
     def init_node(self, environment: str) -> str:
@@ -145,21 +157,20 @@ class Orchestrator:
             )
         return self._position(node, chosen)
 
+    def preview(self, env: EnvironmentRecord, position: str) -> ClusterContext | None:
+        """The context a node at ``position`` ("" for none) would get: the same as a real node's
+        there (``ValueError`` for an unknown position or a spec without a kubeadm cluster)."""
+        return preview_context(self._parsed(env).spec, position)
+
     def _position(self, node: NodeRecord, init_node: str) -> ClusterContext | None:
         spec = self.cluster_spec(node.environment)
         if spec is None:
             return None
-        ha = spec.high_availability
         if node.role != Role.CONTROL_PLANE.value:
             position = Position.WORKER
         else:
             position = Position.INIT if init_node == node.name else Position.CONTROL_PLANE
-        return ClusterContext(
-            position,
-            upload_certs=spec.control_plane.count > 1 or ha.enabled,
-            ha_endpoint=_with_port(ha.endpoint) if ha.enabled else "",
-            dedicated_control_plane=spec.control_plane.dedicated,
-        )
+        return context_for(spec, position)
 
     # -- material -----------------------------------------------------------------------------
 
@@ -211,7 +222,9 @@ class Orchestrator:
     async def forget_node(self, environment: str, node: str) -> None:
         """A machine enrolled afresh under this name (re-imaged): it has joined nothing yet."""
         await self._store.kv_delete(_key(environment, f"labelled/{node}"))
+        await self._store.kv_delete(_key(environment, f"member/{node}"))
         self._labelling.pop(node, None)
+        self._drain.forget(node)
 
     async def node_revoked(self, node: NodeRecord) -> None:
         """If the chosen init node is revoked before it initialised, the next control plane is chosen."""
@@ -219,6 +232,7 @@ class Orchestrator:
         state = self._envs.get(env)
         if state is not None:
             state.waiters.pop(node.name, None)
+        self._drain.forget(node.name)
         if self.init_node(env) == node.name and not self._joined(node.name):
             # What it may have sent before kubeadm init finished goes too: the next init node's
             # material must be taken, and nobody may join the revoked machine's cluster.
@@ -238,8 +252,12 @@ class Orchestrator:
             log.warning("gate request from a revoked node ignored", node=node.name, step=step)
             return
         steps = {s.name: s for s in self._store.node_steps(node.name)}
-        if step != JOIN_STEP or step not in steps or steps[step].digest != digest:
+        gated = step == JOIN_STEP or step in DRAIN_GATES
+        if not gated or step not in steps or steps[step].digest != digest:
             log.warning("gate request for a step this node's plan does not gate", node=node.name, step=step)
+            return
+        if step in DRAIN_GATES:
+            await self._drain.gate_requested(node, step, digest)
             return
         env = node.environment
         state = self._envs.setdefault(env, _EnvState())
@@ -284,6 +302,8 @@ class Orchestrator:
     ) -> bool:
         """Join material from the init step (once, while it runs) or from the refresh task sent to
         this very node. Refused material is still acknowledged, so the agent stops resending it."""
+        if command_id.startswith(DRAIN_COMMAND) and not values:
+            return True  # a kubectl task's (empty) answer: its events are what counts
         env = node.environment
         state = self._envs.setdefault(env, _EnvState())
         source = self._source(node, step, command_id, state)
@@ -422,6 +442,26 @@ class Orchestrator:
             for s in self._store.node_steps(node)
         )
 
+    def _member(self, node: str) -> bool:
+        """The node joined its cluster: its init or join step succeeded, in this plan or an earlier
+        one (a later plan may change that step, which does not take the node out of the cluster)."""
+        rec = self._store.get_node(node)
+        if rec is None:
+            return False
+        return self._joined(node) or self._store.kv_get(_key(rec.environment, f"member/{node}")) is not None
+
+    def _kubectl_runner(self, env: str, node: str) -> str | None:
+        """A connected, joined control plane to run kubectl for ``node``: another one than the
+        node itself when there is one (the node may be going down), the init node first."""
+        init = self.init_node(env)
+        others = sorted(n.name for n in self._store.list_nodes(env) if n.role == Role.CONTROL_PLANE.value)
+        ready = [
+            name
+            for name in (init, *(n for n in others if n != init))
+            if name and self._hub.connected(name) and self._joined(name) and self._live(name)
+        ]
+        return next((n for n in ready if n != node), node if node in ready else None)
+
     # -- events and connections ---------------------------------------------------------------
 
     async def on_connect(self, node: NodeRecord) -> None:
@@ -434,12 +474,15 @@ class Orchestrator:
         if state is not None and state.waiters and self.material(node.environment) is not None:
             self._release_waiters(node.environment)
         self._label_pending(node.environment)
+        self._drain.on_connect(node.environment)
 
     async def on_events(self, node: NodeRecord, events: Sequence[Event]) -> None:
         if self.cluster_spec(node.environment) is None:
             return
+        self._drain.on_events(node, events)
         for e in events:
             if e.kind is EventKind.SUCCEEDED and e.step in (INIT_STEP, JOIN_STEP):
+                await self._store.kv_put(_key(node.environment, f"member/{node.name}"), b"1")
                 self._label_pending(node.environment)
             elif e.step == REFRESH_TASK and e.kind is EventKind.FAILED:
                 self._refresh_failed(node)
@@ -554,7 +597,7 @@ class Orchestrator:
         address = server or self._endpoint(environment)
         if not address:
             raise FailedPrecondition("no API endpoint is known; pass --server HOST:PORT")
-        url = address if address.startswith("https://") else f"https://{_with_port(address)}"
+        url = address if address.startswith("https://") else f"https://{with_port(address)}"
         for cluster in doc.get("clusters", []):
             cluster.setdefault("cluster", {})["server"] = url
         return str(yaml.safe_dump(doc, sort_keys=False))
@@ -562,11 +605,3 @@ class Orchestrator:
     def _endpoint(self, environment: str) -> str:
         material = self.material(environment)
         return material.endpoint if material is not None else ""
-
-
-def _with_port(host: str) -> str:
-    if not host:
-        return ""
-    if host.startswith("["):
-        return host if "]:" in host else f"{host}:{API_PORT}"
-    return host if host.count(":") == 1 else f"{host}:{API_PORT}"

@@ -58,6 +58,26 @@ echo "node $NODE labelled"
 """
 
 
+_DRAIN = """
+# kubectl's own answer tells a node the cluster does not know apart from an API server that is down.
+if ! out=$(kubectl get node "$NODE" -o name 2>&1); then
+  if grep -q NotFound <<<"$out"; then
+    echo "node $NODE is not in the cluster: nothing to $ACTION"
+    exit 0
+  fi
+  printf '%s\\n' "$out" >&2
+  exit 1
+fi
+if [ "$ACTION" = drain ]; then
+  kubectl cordon "$NODE"
+  kubectl drain "$NODE" --ignore-daemonsets --delete-emptydir-data --timeout="${DRAIN_TIMEOUT}s"
+else
+  kubectl uncordon "$NODE"
+fi
+echo "node $NODE: $ACTION done"
+"""
+
+
 def refresh_task(*, upload_certs: bool, token_ttl_seconds: int = DEFAULT_TOKEN_TTL_S) -> Step:
     script = _PREAMBLE.format(what="refresh kubeadm join material") + _REFRESH.replace(
         "TOKEN_TTL_NAME", TOKEN_TTL
@@ -85,4 +105,20 @@ def label_task(node: str, *, role: str, labels: Mapping[str, str], untaint: bool
             "LABELS": " ".join(f"{k}={v}" for k, v in sorted(labels.items())),
             "UNTAINT": "1" if untaint else "0",
         },
+    ).sealed()
+
+
+def drain_task(node: str, *, action: str, nonce: str, timeout_seconds: int) -> Step:
+    """``kubectl cordon`` and ``drain`` (action "drain") or ``uncordon`` a node, run on a control
+    plane. ``nonce`` makes each task's digest its own, so its events answer this task only."""
+    if action not in ("drain", "uncordon"):
+        raise ValueError(f"unknown action {action!r}")
+    script = _PREAMBLE.format(what=f"{action} a node around its disruptive steps") + _DRAIN
+    return Step(
+        name=f"{action}-{node}",
+        script=script,
+        # kubectl's own --timeout ends the drain first; this one bounds the whole task.
+        timeout_seconds=timeout_seconds + 60,
+        component="kubeadm",
+        env={"NODE": node, "ACTION": action, "DRAIN_TIMEOUT": str(timeout_seconds), "TASK_ID": nonce},
     ).sealed()

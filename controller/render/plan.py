@@ -15,6 +15,8 @@ Order (holodeck §2, with the microk8s list reset replaced by validation):
 11. custom post-install
 
 Custom templates keep their YAML order inside a phase and run only on the roles they name.
+With ``spec.rollout.drain`` on a kubeadm cluster node, the disruptive part (kernel to toolkit,
+and every step that reboots) runs between a gated ``drain`` and a gated ``uncordon`` step.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from controller.render.components import (
     crio,
     custom,
     docker,
+    drain,
     driver,
     kernel,
     kind,
@@ -96,4 +99,4 @@ def render(spec: EnvironmentSpec, node: NodeContext) -> Plan:
     steps: list[Step] = []
     for section in SECTIONS:
         steps.extend(section(inp))
-    return Plan.build(steps, environment=spec.name, role=node.role)
+    return Plan.build(drain.wrap(inp, steps), environment=spec.name, role=node.role)
