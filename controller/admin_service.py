@@ -347,6 +347,8 @@ class AdminService(wire.AdminServiceServicer):
         self._caller(context, write=False)
         app = self.app
         if request.node:
+            if request.cluster_position:
+                raise InvalidArgument("cluster_position previews an environment; a node has its own")
             node = app.store.get_node(request.node)
             if node is None:
                 raise NotFound(f"node {request.node!r} not found")
@@ -359,9 +361,12 @@ class AdminService(wire.AdminServiceServicer):
                 raise NotFound(f"environment {request.environment!r} not found")
             try:
                 role = Role.parse(request.role or "worker").value
+                cluster = app.cluster.preview(env, request.cluster_position)
             except ValueError as exc:
                 raise InvalidArgument(str(exc)) from None
-            plan = app.planner.plan(env.name, role, wire.facts_from_pb(request.facts))
+            if cluster is not None:
+                role = cluster.position.role
+            plan = app.planner.plan(env.name, role, wire.facts_from_pb(request.facts), cluster)
         return wire.plan_to_pb(plan)
 
     # -- rollouts -----------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from controller.cli import rollout_cmd
 from controller.cli.client import CliError, Session, check_size_here, explain, read_input
 from controller.cli.output import ago, emit, table, to_dict, when
 from controller.cli.waiting import UntilDone
+from controller.cluster.context import preview_context
 from controller.render import NodeContext, render
 from controller.render.targets import facts_for
 from controller.spec import SpecError, inline_local_files, load_document
@@ -111,10 +112,16 @@ def env_render(args: argparse.Namespace) -> int:
         return 1
     try:
         facts = facts_for(args.os, gpu=args.gpu, arch=args.arch)
+        cluster = preview_context(loaded.spec, getattr(args, "cluster_position", ""))
     except ValueError as exc:
         raise CliError(str(exc)) from None
-    rendered = render(loaded.spec, NodeContext(role=args.role, facts=facts))
-    plan = Plan.build(rendered.steps, environment=loaded.spec.name, role=args.role)
+    role = args.role  # a cluster position decides the role (the default --role worker gives way)
+    if cluster is not None:
+        if role == "control-plane" and not cluster.control_plane:
+            raise CliError("--cluster-position worker is a worker node; leave out --role control-plane")
+        role = cluster.position.role
+    rendered = render(loaded.spec, NodeContext(role=role, facts=facts, cluster=cluster))
+    plan = Plan.build(rendered.steps, environment=loaded.spec.name, role=role)
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
@@ -396,6 +403,8 @@ def events(args: argparse.Namespace) -> int:
 def plan(args: argparse.Namespace) -> int:
     s = Session(args)
     if args.node:
+        if args.cluster_position:
+            raise CliError("--cluster-position previews an environment (--env); a node has its own")
         request = wire.admin.RenderPlanRequest(node=args.node)
     elif args.environment:
         try:
@@ -403,7 +412,10 @@ def plan(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise CliError(str(exc)) from None
         request = wire.admin.RenderPlanRequest(
-            environment=args.environment, role=args.role, facts=wire.facts_to_pb(facts)
+            environment=args.environment,
+            role=args.role,
+            facts=wire.facts_to_pb(facts),
+            cluster_position=args.cluster_position,
         )
     else:
         raise CliError("--node or --env is required")
