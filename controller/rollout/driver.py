@@ -253,6 +253,7 @@ class RolloutDriver:
             failed_step=failed.name if failed else "",
             failed_message=(failed.message or f"exit {failed.exit_code}") if failed else "",
             agent_ok=not r.agent_version or node.agent_version == r.agent_version,
+            rolled_back=bool(r.agent_version) and node.agent_rolled_back_from == r.agent_version,
         )
 
     def _planes_healthy(self, environment: str) -> bool:

@@ -144,7 +144,10 @@ def test_max_failures_one_halts_after_the_second_failed_node(
 
 
 def test_canary_pause_resume_and_wait_exit_codes(
-    controller: Controller, fleet: Callable[..., list[Agent]], tmp_path: Path
+    controller: Controller,
+    fleet: Callable[..., list[Agent]],
+    agents: Callable[[str], Agent],
+    tmp_path: Path,
 ) -> None:
     policy = "    canary: 1\n"
     fleet(3, write_env(tmp_path / "a.yaml", "gpu", "550", rollout=policy))
@@ -153,6 +156,14 @@ def test_canary_pause_resume_and_wait_exit_codes(
     status = rollout(controller)
     assert (status["updated"], status["pending"]) == (1, 2), status
     assert "canary" in status["reason"]
+    # A node that enrolls now gets the current generation at once, paused or not.
+    fresh = agents("fresh")
+    fresh.start(token(controller, "gpu"), ca_hash(controller))
+    assert (
+        controller.ctl("wait", "--node", "fresh", "--for", "provisioned", "--timeout", "60s").returncode == 0
+    )
+    assert runs_of(controller, "fresh", generation(controller))
+    assert rollout(controller)["pending"] == 2
     # Not done while paused: wait times out with exit 2 and says what it waits for.
     out = controller.ctl("wait", "--env", "gpu", "--for", "provisioned", "--timeout", "3s", check=False)
     assert out.returncode == 2, out
