@@ -1,8 +1,9 @@
 """kube-apiserver-standin: the cluster state a control plane serves on :6443 (TLS with the cluster CA).
 
 Serves a k8s-shaped subset (``/version``, ``/healthz``, cluster-info with JWS signatures, ``/api/v1/nodes``
-with merge-patch) plus ``/standin/v1/...`` for what kubeadm does through Secrets (bootstrap tokens, TLS
-bootstrap, the certificate key, control-plane members). Every control plane runs one; the first reachable
+with merge-patch; the leader logs each cordon and uncordon, with its time, in apiserver.log) plus
+``/standin/v1/...`` for what kubeadm does through Secrets (bootstrap tokens, TLS bootstrap, the
+certificate key, control-plane members). Every control plane runs one; the first reachable
 member (in join order) is the leader: the others forward requests to it and receive its state after each
 change, so a load-balanced endpoint answers the same from any control plane and a follower takes over
 when the leader is gone.
@@ -552,7 +553,16 @@ class Handler(BaseHTTPRequestHandler):
                 if "taints" in spec:
                     record["taints"] = spec["taints"] or []
                 if "unschedulable" in spec:
-                    record["unschedulable"] = bool(spec["unschedulable"])
+                    value = bool(spec["unschedulable"])
+                    if value != bool(record.get("unschedulable")):  # cordoned or uncordoned: when, by whom
+                        common.log_record(
+                            "apiserver",
+                            change="unschedulable",
+                            node=name,
+                            value=value,
+                            by=ident.get("name", ""),
+                        )
+                    record["unschedulable"] = value
                 app.changed()
                 return self.reply(200, node_object(record))
             if method == "DELETE" and len(rest) == 1:

@@ -73,6 +73,14 @@ def log_invocation(tool: str, argv: list[str], **extra: Any) -> None:
             out.write(json.dumps(entry) + "\n")
 
 
+def log_record(log: str, **fields: Any) -> None:
+    """Append one JSON line with its time to /var/log/kubeadm-standin/<log>.log (what tests read)."""
+    with contextlib.suppress(OSError):
+        LOG_DIR.mkdir(parents=True, exist_ok=True)
+        with open(LOG_DIR / f"{log}.log", "a") as out:
+            out.write(json.dumps({"time": time.time(), **fields}) + "\n")
+
+
 def fail(message: str, code: int = 1) -> int:
     print(message, file=sys.stderr)
     return code

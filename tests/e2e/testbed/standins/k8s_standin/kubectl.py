@@ -1,7 +1,8 @@
 """kubectl stand-in (TEST FIXTURE): what tether's scripts and tests run, with kubectl's output and errors.
 
 get (nodes, namespaces, configmaps, deployments, daemonsets, CRDs, custom resources; -o json/yaml/name/
-wide/jsonpath; ``--raw PATH``), label/taint/cordon/uncordon nodes, patch (strategic and merge), rollout
+wide/jsonpath; ``--raw PATH``), label/taint nodes, cordon/uncordon/drain them (``kubectl_drain``),
+patch (strategic and merge), rollout
 status (deployments, daemon sets), wait (--for=condition=..., --for=delete), apply/create (manifests are
 recorded in kubectl-apply.log; the stand-in API server keeps the objects it knows and emulates the add-ons
 of objects.py), delete, config view/current-context, cluster-info, version. Talks to the stand-in API
@@ -18,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from k8s_standin import VERSION, common, miniyaml, objects
+from k8s_standin import VERSION, common, kubectl_drain, miniyaml, objects
 from k8s_standin.common import ApiError, Unreachable
 from k8s_standin.objects import Resource
 
@@ -44,6 +45,7 @@ VALUE_FLAGS = {
     "--type",
     "--field-manager",
     "--revision",
+    "--grace-period",
 }
 SHORT = (("o", "output"), ("l", "selector"), ("f", "filename"), ("n", "namespace"), ("A", "all-namespaces"))
 SHORT += (("p", "patch"), ("w", "watch"))
@@ -62,7 +64,7 @@ def main(argv: list[str]) -> int:
     flags, words = parse(argv)
     try:
         return run(flags, words)
-    except KubectlError as exc:
+    except (KubectlError, kubectl_drain.DrainError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except Unreachable as exc:
@@ -152,10 +154,9 @@ def run(flags: dict[str, Any], words: list[str]) -> int:
     if verb == "taint":
         return taint(api, flags, rest)
     if verb in ("cordon", "uncordon"):
-        for name in _node_names(rest):
-            api.request("PATCH", f"/api/v1/nodes/{name}", {"spec": {"unschedulable": verb == "cordon"}})
-            print(f"node/{name} {verb}ed")
-        return 0
+        return kubectl_drain.cordon(api, verb, rest)
+    if verb == "drain":
+        return kubectl_drain.drain(api, flags, rest)
     if verb == "delete":
         return delete(client, rest)
     if verb == "wait":
