@@ -48,6 +48,7 @@ async def service(tmp_path: Path) -> AsyncIterator[tuple[AgentService, SqliteSto
         hub=Hub(),
         redactor=Redactor(),
         cluster=NoCluster(),
+        rollouts=SimpleNamespace(poke=lambda environment: None, generation_for=lambda node: 0),
         auth=NodeAuth(),
         ca=CertificateAuthority.load_or_create(tmp_path / "pki"),
         config=SimpleNamespace(node_cert_days=1.0, node_output_bytes_per_second=64 * 1024),
