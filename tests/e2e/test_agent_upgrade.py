@@ -2,8 +2,8 @@
 version by ``tetherctl agent upgrade``; one node's staged bundle is damaged on its disk before the new
 agent starts (its ``nodeagent/main.py`` no longer imports), so that new agent cannot start. Seen: two
 nodes run the new version, and the third has gone back to the old one by itself (the launcher,
-after the failed starts), reports it in its hello (``rolled_back_from``), and the rollout counts it
-failed.
+after the failed starts) and reports it in its hello (``rolled_back_from``, which the controller
+keeps as the node's ``agent_rolled_back_from``, and the rollout counts it failed).
 """
 
 from __future__ import annotations
@@ -136,7 +136,7 @@ def test_three_nodes_upgrade_and_the_one_with_a_broken_bundle_rolls_back_by_itse
     events = controller.ctl("events", "--node", "node3", "-o", "json").stdout
     assert f"agent upgrade to {V2} rolled back" in events
     status = controller.ctl("rollout", "status", "--env", "lab").stdout
-    assert "node3" in status and "rolled back" in status
+    assert "node3" in status and "rolled back" in status  # the rollout counts it failed
 
 
 def rolled_back(controller: Controller, name: str) -> str:

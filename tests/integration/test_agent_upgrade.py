@@ -102,6 +102,7 @@ def test_a_node_fetches_only_the_version_its_plan_names_and_can_resume(
             return None
 
     chunks = wait_for(fetched, 60, what="the node's plan to name the new version")
+    assert chunks is not None
     assert b"".join(c.data for c in chunks) == data
     assert chunks[0].sha256 == sha and chunks[0].size == len(data)
     assert all(len(c.data) <= AGENT_BUNDLE_CHUNK_BYTES for c in chunks)
@@ -143,9 +144,10 @@ def test_a_plan_naming_a_new_agent_while_a_step_runs_is_acted_on_after_that_step
         )
 
     refused = wait_for(refusal, 60, what="the agent's answer to the new agent version")
+    assert refused is not None
     evs = events(controller, "node-b")
     long_done = next(e for e in evs if e["step"] == "custom-long" and e["kind"] == "succeeded")
-    assert int(long_done["seq"]) < int(refused["seq"])  # type: ignore[call-overload]
+    assert int(str(long_done["seq"])) < int(str(refused["seq"]))
     assert V2 in str(refused["message"])
     wait_for(lambda: nodes(controller)["node-b"]["state"] == "provisioned", 60, what="provisioned")
     assert nodes(controller)["node-b"]["agent_version"] != V2  # it said why; it did not break
