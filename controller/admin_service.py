@@ -424,11 +424,15 @@ class AdminService(wire.AdminServiceServicer):
         if env is None:
             raise NotFound(f"environment {request.environment!r} not found")
         version = request.version or __version__
-        if app.planner.bundles is None or app.planner.bundles.target(version) is None:
+        if app.bundles is None:
+            raise FailedPrecondition("this controller hands out no agent bundles")
+        try:
+            await app.bundles.ensure(version)  # the controller's own version is built on first use
+        except NotFound:
             raise FailedPrecondition(
                 f"this controller holds no agent bundle of version {version!r} "
-                "(tetherctl agent bundles lists the ones it has)"
-            )
+                "(tetherctl agent bundles lists the ones it has; tether-controller agent-bundle add FILE)"
+            ) from None
         record, changed = await app.store.put_environment(
             env.name, env.document, env.api_version, env.spec, agent_version=version
         )
@@ -440,7 +444,7 @@ class AdminService(wire.AdminServiceServicer):
     @unary
     async def ListAgentBundles(self, request: wire.admin.ListAgentBundlesRequest, context: Any) -> Any:
         self._caller(context, write=False)
-        bundles = self.app.planner.bundles
+        bundles = self.app.bundles
         return wire.admin.ListAgentBundlesResponse(
             bundles=[
                 wire.admin.AgentBundle(version=t.version, sha256=t.sha256, size=t.size)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Awaitable, Callable, Iterable
 
 from controller.cluster.orchestrator import Orchestrator
@@ -24,6 +25,8 @@ from nodeagent.model import Role, facts_from_dict, now_ms
 log = logs.get_logger("tether.controller.rollouts")
 KEY_PREFIX = "rollout/"
 TICK_SECONDS = 1.0  # how often rollouts look at their nodes without being poked
+MIN_TICK_GAP_SECONDS = 0.2  # at most 5 looks a second, however many events poke them
+ROSTER_SECONDS = 5.0  # how often a rollout lists all its nodes (to drop revoked or deleted ones)
 
 Deliver = Callable[[str], Awaitable[None]]
 
@@ -44,6 +47,10 @@ class RolloutDriver:
         self.deliver: Deliver | None = None  # set by the agent service: hand a node its plan now
         self._poke = asyncio.Event()
         self._lock = asyncio.Lock()
+        # environment -> (when listed, the names of its live nodes): pending and updated nodes are
+        # only checked for still being there, so a large fleet is listed every few seconds, not
+        # on every look; running nodes are read on every look.
+        self._rosters: dict[str, tuple[float, frozenset[str]]] = {}
         self._task: asyncio.Task[None] | None = None
 
     # -- what the rest of the controller asks -------------------------------------------------
@@ -76,6 +83,7 @@ class RolloutDriver:
             if policy is None:
                 policy = self._planner.spec(env).spec.rollout
             nodes = {n.name: self._enter(env, n) for n in self._members(env)}
+            self._rosters.pop(env.name, None)  # list again: every member is there now
             r = Rollout(
                 environment=env.name,
                 generation=env.generation,
@@ -196,6 +204,7 @@ class RolloutDriver:
         while True:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._poke.wait(), TICK_SECONDS)
+            await asyncio.sleep(MIN_TICK_GAP_SECONDS)
             self._poke.clear()
             try:
                 await self.tick()
@@ -231,17 +240,30 @@ class RolloutDriver:
         return new
 
     def _observe(self, r: Rollout) -> dict[str, Observed]:
-        records = {n.name: n for n in self._store.list_nodes(r.environment)}
+        live = self._roster(r.environment)
         observed: dict[str, Observed] = {}
         for name, progress in r.nodes.items():
-            node = records.get(name)
-            if node is None or node.revoked:
+            if name not in live:
                 observed[name] = Observed(generation=0, state="gone")
-            elif progress.stage is NodeStage.PENDING or node.plan_generation != r.generation:
-                observed[name] = Observed(generation=node.plan_generation, state="pending")
+            elif progress.stage in (NodeStage.PENDING, NodeStage.UPDATED):
+                observed[name] = Observed(generation=progress.from_generation, state="settled")
             else:
-                observed[name] = self._look(r, node)
+                node = self._store.get_node(name)
+                if node is None or node.revoked:
+                    observed[name] = Observed(generation=0, state="gone")
+                elif node.plan_generation != r.generation:
+                    observed[name] = Observed(generation=node.plan_generation, state="pending")
+                else:
+                    observed[name] = self._look(r, node)
         return observed
+
+    def _roster(self, environment: str) -> frozenset[str]:
+        listed = self._rosters.get(environment)
+        now = time.monotonic()
+        if listed is None or now - listed[0] >= ROSTER_SECONDS:
+            names = frozenset(n.name for n in self._store.list_nodes(environment) if not n.revoked)
+            listed = self._rosters[environment] = (now, names)
+        return listed[1]
 
     def _look(self, r: Rollout, node: NodeRecord) -> Observed:
         steps = self._store.node_steps(node.name)

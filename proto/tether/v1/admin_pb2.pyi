@@ -179,18 +179,22 @@ class DeleteEnvironmentRequest(_message.Message):
 
     NAME_FIELD_NUMBER: _builtins.int
     FORCE_FIELD_NUMBER: _builtins.int
+    RESET_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     force: _builtins.bool
-    """also when nodes are still enrolled"""
+    """also when nodes are still enrolled: they are revoked"""
+    reset: _builtins.bool
+    """reset (deprovision) its nodes first"""
     def __init__(
         self,
         *,
         name: _builtins.str = ...,
         force: _builtins.bool = ...,
+        reset: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["force", b"force", "name", b"name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["force", b"force", "name", b"name", "reset", b"reset"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -225,6 +229,7 @@ class Token(_message.Message):
     REVOKED_FIELD_NUMBER: _builtins.int
     CREATED_MS_FIELD_NUMBER: _builtins.int
     DESCRIPTION_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     environment: _builtins.str
     role: _builtins.str
@@ -235,6 +240,8 @@ class Token(_message.Message):
     revoked: _builtins.bool
     created_ms: _builtins.int
     description: _builtins.str
+    status: _builtins.str
+    """active | expired | used up | revoked"""
     def __init__(
         self,
         *,
@@ -248,10 +255,11 @@ class Token(_message.Message):
         revoked: _builtins.bool = ...,
         created_ms: _builtins.int = ...,
         description: _builtins.str = ...,
+        status: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_ms", b"created_ms", "description", b"description", "environment", b"environment", "expires_ms", b"expires_ms", "id", b"id", "max_uses", b"max_uses", "node_name", b"node_name", "revoked", b"revoked", "role", b"role", "uses", b"uses"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_ms", b"created_ms", "description", b"description", "environment", b"environment", "expires_ms", b"expires_ms", "id", b"id", "max_uses", b"max_uses", "node_name", b"node_name", "revoked", b"revoked", "role", b"role", "status", b"status", "uses", b"uses"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -506,6 +514,7 @@ class Node(_message.Message):
     AGENT_VERSION_FIELD_NUMBER: _builtins.int
     STORED_SEQ_FIELD_NUMBER: _builtins.int
     CERT_FINGERPRINT_FIELD_NUMBER: _builtins.int
+    AGENT_ROLLED_BACK_FROM_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     environment: _builtins.str
     role: _builtins.str
@@ -519,6 +528,8 @@ class Node(_message.Message):
     agent_version: _builtins.str
     stored_seq: _builtins.int
     cert_fingerprint: _builtins.str
+    agent_rolled_back_from: _builtins.str
+    """the agent went back from this version by itself"""
     @_builtins.property
     def facts(self) -> _common_pb2.HostFacts: ...
     @_builtins.property
@@ -543,10 +554,11 @@ class Node(_message.Message):
         agent_version: _builtins.str = ...,
         stored_seq: _builtins.int = ...,
         cert_fingerprint: _builtins.str = ...,
+        agent_rolled_back_from: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["facts", b"facts", "health", b"health"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "cert_fingerprint", b"cert_fingerprint", "connected", b"connected", "enrolled_ms", b"enrolled_ms", "environment", b"environment", "facts", b"facts", "health", b"health", "last_seen_ms", b"last_seen_ms", "name", b"name", "plan_digest", b"plan_digest", "plan_generation", b"plan_generation", "role", b"role", "state", b"state", "steps", b"steps", "stored_seq", b"stored_seq"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_rolled_back_from", b"agent_rolled_back_from", "agent_version", b"agent_version", "cert_fingerprint", b"cert_fingerprint", "connected", b"connected", "enrolled_ms", b"enrolled_ms", "environment", b"environment", "facts", b"facts", "health", b"health", "last_seen_ms", b"last_seen_ms", "name", b"name", "plan_digest", b"plan_digest", "plan_generation", b"plan_generation", "role", b"role", "state", b"state", "steps", b"steps", "stored_seq", b"stored_seq"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -643,6 +655,116 @@ class RevokeNodeResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RevokeNodeResponse: _TypeAlias = RevokeNodeResponse  # noqa: Y015
+
+@_typing.final
+class DeleteNodeRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    FORCE_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    force: _builtins.bool
+    """a connected node: revoke it first"""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        force: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["force", b"force", "name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteNodeRequest: _TypeAlias = DeleteNodeRequest  # noqa: Y015
+
+@_typing.final
+class DeleteNodeResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteNodeResponse: _TypeAlias = DeleteNodeResponse  # noqa: Y015
+
+@_typing.final
+class ResetNodeRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResetNodeRequest: _TypeAlias = ResetNodeRequest  # noqa: Y015
+
+@_typing.final
+class ResetNodeResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResetNodeResponse: _TypeAlias = ResetNodeResponse  # noqa: Y015
+
+@_typing.final
+class GetVersionRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetVersionRequest: _TypeAlias = GetVersionRequest  # noqa: Y015
+
+@_typing.final
+class VersionInfo(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VERSION_FIELD_NUMBER: _builtins.int
+    API_VERSION_FIELD_NUMBER: _builtins.int
+    version: _builtins.str
+    api_version: _builtins.str
+    """tether.v1"""
+    def __init__(
+        self,
+        *,
+        version: _builtins.str = ...,
+        api_version: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["api_version", b"api_version", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___VersionInfo: _TypeAlias = VersionInfo  # noqa: Y015
 
 @_typing.final
 class RerunStepsRequest(_message.Message):

@@ -35,6 +35,11 @@ class AdminServiceStub:
         Args:
             channel: A grpc.Channel.
         """
+        self.GetVersion = channel.unary_unary(
+                '/tether.v1.AdminService/GetVersion',
+                request_serializer=tether_dot_v1_dot_admin__pb2.GetVersionRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_admin__pb2.VersionInfo.FromString,
+                _registered_method=True)
         self.ApplyEnvironment = channel.unary_unary(
                 '/tether.v1.AdminService/ApplyEnvironment',
                 request_serializer=tether_dot_v1_dot_admin__pb2.ApplyEnvironmentRequest.SerializeToString,
@@ -84,6 +89,16 @@ class AdminServiceStub:
                 '/tether.v1.AdminService/RevokeNode',
                 request_serializer=tether_dot_v1_dot_admin__pb2.RevokeNodeRequest.SerializeToString,
                 response_deserializer=tether_dot_v1_dot_admin__pb2.RevokeNodeResponse.FromString,
+                _registered_method=True)
+        self.DeleteNode = channel.unary_unary(
+                '/tether.v1.AdminService/DeleteNode',
+                request_serializer=tether_dot_v1_dot_admin__pb2.DeleteNodeRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_admin__pb2.DeleteNodeResponse.FromString,
+                _registered_method=True)
+        self.ResetNode = channel.unary_unary(
+                '/tether.v1.AdminService/ResetNode',
+                request_serializer=tether_dot_v1_dot_admin__pb2.ResetNodeRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_admin__pb2.ResetNodeResponse.FromString,
                 _registered_method=True)
         self.RerunSteps = channel.unary_unary(
                 '/tether.v1.AdminService/RerunSteps',
@@ -170,6 +185,13 @@ class AdminServiceStub:
 class AdminServiceServicer:
     """Missing associated documentation comment in .proto file."""
 
+    def GetVersion(self, request, context):
+        """The controller's version and API version.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ApplyEnvironment(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -226,6 +248,20 @@ class AdminServiceServicer:
 
     def RevokeNode(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteNode(self, request, context):
+        """Forget a revoked or offline node: its record, steps and events (force: revoke it first).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResetNode(self, request, context):
+        """Deprovision a node: leave the cluster, remove the agent, its config and state; then forget it.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -339,6 +375,11 @@ class AdminServiceServicer:
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
+            'GetVersion': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetVersion,
+                    request_deserializer=tether_dot_v1_dot_admin__pb2.GetVersionRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_admin__pb2.VersionInfo.SerializeToString,
+            ),
             'ApplyEnvironment': grpc.unary_unary_rpc_method_handler(
                     servicer.ApplyEnvironment,
                     request_deserializer=tether_dot_v1_dot_admin__pb2.ApplyEnvironmentRequest.FromString,
@@ -388,6 +429,16 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.RevokeNode,
                     request_deserializer=tether_dot_v1_dot_admin__pb2.RevokeNodeRequest.FromString,
                     response_serializer=tether_dot_v1_dot_admin__pb2.RevokeNodeResponse.SerializeToString,
+            ),
+            'DeleteNode': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteNode,
+                    request_deserializer=tether_dot_v1_dot_admin__pb2.DeleteNodeRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_admin__pb2.DeleteNodeResponse.SerializeToString,
+            ),
+            'ResetNode': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResetNode,
+                    request_deserializer=tether_dot_v1_dot_admin__pb2.ResetNodeRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_admin__pb2.ResetNodeResponse.SerializeToString,
             ),
             'RerunSteps': grpc.unary_unary_rpc_method_handler(
                     servicer.RerunSteps,
@@ -479,6 +530,33 @@ def add_AdminServiceServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class AdminService:
     """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def GetVersion(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.AdminService/GetVersion',
+            tether_dot_v1_dot_admin__pb2.GetVersionRequest.SerializeToString,
+            tether_dot_v1_dot_admin__pb2.VersionInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
 
     @staticmethod
     def ApplyEnvironment(request,
@@ -740,6 +818,60 @@ class AdminService:
             '/tether.v1.AdminService/RevokeNode',
             tether_dot_v1_dot_admin__pb2.RevokeNodeRequest.SerializeToString,
             tether_dot_v1_dot_admin__pb2.RevokeNodeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteNode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.AdminService/DeleteNode',
+            tether_dot_v1_dot_admin__pb2.DeleteNodeRequest.SerializeToString,
+            tether_dot_v1_dot_admin__pb2.DeleteNodeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResetNode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.AdminService/ResetNode',
+            tether_dot_v1_dot_admin__pb2.ResetNodeRequest.SerializeToString,
+            tether_dot_v1_dot_admin__pb2.ResetNodeResponse.FromString,
             options,
             channel_credentials,
             insecure,

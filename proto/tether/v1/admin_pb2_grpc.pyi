@@ -36,6 +36,8 @@ class AdminServiceStub:
     def __new__(cls, channel: _grpc.Channel) -> _Self: ...
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> AdminServiceAsyncStub: ...
+    GetVersion: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetVersionRequest, _admin_pb2.VersionInfo]
+    """The controller's version and API version."""
     ApplyEnvironment: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ApplyEnvironmentRequest, _admin_pb2.ApplyEnvironmentResponse]
     GetEnvironment: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetEnvironmentRequest, _admin_pb2.Environment]
     ListEnvironments: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListEnvironmentsRequest, _admin_pb2.ListEnvironmentsResponse]
@@ -46,6 +48,10 @@ class AdminServiceStub:
     ListNodes: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListNodesRequest, _admin_pb2.ListNodesResponse]
     GetNode: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetNodeRequest, _admin_pb2.Node]
     RevokeNode: _grpc.UnaryUnaryMultiCallable[_admin_pb2.RevokeNodeRequest, _admin_pb2.RevokeNodeResponse]
+    DeleteNode: _grpc.UnaryUnaryMultiCallable[_admin_pb2.DeleteNodeRequest, _admin_pb2.DeleteNodeResponse]
+    """Forget a revoked or offline node: its record, steps and events (force: revoke it first)."""
+    ResetNode: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ResetNodeRequest, _admin_pb2.ResetNodeResponse]
+    """Deprovision a node: leave the cluster, remove the agent, its config and state; then forget it."""
     RerunSteps: _grpc.UnaryUnaryMultiCallable[_admin_pb2.RerunStepsRequest, _admin_pb2.RerunStepsResponse]
     ListEvents: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListEventsRequest, _admin_pb2.ListEventsResponse]
     FollowEvents: _grpc.UnaryStreamMultiCallable[_admin_pb2.ListEventsRequest, _common_pb2.Event]
@@ -77,6 +83,8 @@ class AdminServiceStub:
 @_typing.type_check_only
 class AdminServiceAsyncStub(AdminServiceStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
+    GetVersion: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetVersionRequest, _admin_pb2.VersionInfo]  # type: ignore[assignment]
+    """The controller's version and API version."""
     ApplyEnvironment: _aio.UnaryUnaryMultiCallable[_admin_pb2.ApplyEnvironmentRequest, _admin_pb2.ApplyEnvironmentResponse]  # type: ignore[assignment]
     GetEnvironment: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetEnvironmentRequest, _admin_pb2.Environment]  # type: ignore[assignment]
     ListEnvironments: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListEnvironmentsRequest, _admin_pb2.ListEnvironmentsResponse]  # type: ignore[assignment]
@@ -87,6 +95,10 @@ class AdminServiceAsyncStub(AdminServiceStub):
     ListNodes: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListNodesRequest, _admin_pb2.ListNodesResponse]  # type: ignore[assignment]
     GetNode: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetNodeRequest, _admin_pb2.Node]  # type: ignore[assignment]
     RevokeNode: _aio.UnaryUnaryMultiCallable[_admin_pb2.RevokeNodeRequest, _admin_pb2.RevokeNodeResponse]  # type: ignore[assignment]
+    DeleteNode: _aio.UnaryUnaryMultiCallable[_admin_pb2.DeleteNodeRequest, _admin_pb2.DeleteNodeResponse]  # type: ignore[assignment]
+    """Forget a revoked or offline node: its record, steps and events (force: revoke it first)."""
+    ResetNode: _aio.UnaryUnaryMultiCallable[_admin_pb2.ResetNodeRequest, _admin_pb2.ResetNodeResponse]  # type: ignore[assignment]
+    """Deprovision a node: leave the cluster, remove the agent, its config and state; then forget it."""
     RerunSteps: _aio.UnaryUnaryMultiCallable[_admin_pb2.RerunStepsRequest, _admin_pb2.RerunStepsResponse]  # type: ignore[assignment]
     ListEvents: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListEventsRequest, _admin_pb2.ListEventsResponse]  # type: ignore[assignment]
     FollowEvents: _aio.UnaryStreamMultiCallable[_admin_pb2.ListEventsRequest, _common_pb2.Event]  # type: ignore[assignment]
@@ -116,6 +128,14 @@ class AdminServiceAsyncStub(AdminServiceStub):
     """The agent versions this controller can hand out."""
 
 class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
+    @_abc_1.abstractmethod
+    def GetVersion(
+        self,
+        request: _admin_pb2.GetVersionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.VersionInfo, _abc.Awaitable[_admin_pb2.VersionInfo]]:
+        """The controller's version and API version."""
+
     @_abc_1.abstractmethod
     def ApplyEnvironment(
         self,
@@ -185,6 +205,22 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _admin_pb2.RevokeNodeRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_admin_pb2.RevokeNodeResponse, _abc.Awaitable[_admin_pb2.RevokeNodeResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def DeleteNode(
+        self,
+        request: _admin_pb2.DeleteNodeRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.DeleteNodeResponse, _abc.Awaitable[_admin_pb2.DeleteNodeResponse]]:
+        """Forget a revoked or offline node: its record, steps and events (force: revoke it first)."""
+
+    @_abc_1.abstractmethod
+    def ResetNode(
+        self,
+        request: _admin_pb2.ResetNodeRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.ResetNodeResponse, _abc.Awaitable[_admin_pb2.ResetNodeResponse]]:
+        """Deprovision a node: leave the cluster, remove the agent, its config and state; then forget it."""
 
     @_abc_1.abstractmethod
     def RerunSteps(

@@ -281,10 +281,13 @@ class Plan(_message.Message):
     ENVIRONMENT_FIELD_NUMBER: _builtins.int
     ROLE_FIELD_NUMBER: _builtins.int
     AGENT_FIELD_NUMBER: _builtins.int
+    DEPROVISION_FIELD_NUMBER: _builtins.int
     generation: _builtins.int
     digest: _builtins.str
     environment: _builtins.str
     role: _builtins.str
+    deprovision: _builtins.bool
+    """A reset: run these steps (leave the cluster), then remove the agent, its config and state."""
     @_builtins.property
     def steps(self) -> _containers.RepeatedCompositeFieldContainer[Global___Step]: ...
     @_builtins.property
@@ -302,10 +305,11 @@ class Plan(_message.Message):
         environment: _builtins.str = ...,
         role: _builtins.str = ...,
         agent: Global___AgentTarget | None = ...,
+        deprovision: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "digest", b"digest", "environment", b"environment", "generation", b"generation", "role", b"role", "steps", b"steps"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent", b"agent", "deprovision", b"deprovision", "digest", b"digest", "environment", b"environment", "generation", b"generation", "role", b"role", "steps", b"steps"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
