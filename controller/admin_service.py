@@ -32,6 +32,11 @@ class AdminService(wire.AdminServiceServicer):
         principal.require_admin(write=write)
         return principal.name
 
+    @unary
+    async def GetVersion(self, request: wire.admin.GetVersionRequest, context: Any) -> Any:
+        self._caller(context, write=False)
+        return wire.admin.VersionInfo(version=__version__, api_version="tether.v1")
+
     # -- environments -------------------------------------------------------------------------
 
     @unary

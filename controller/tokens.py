@@ -14,6 +14,7 @@ import secrets
 from dataclasses import dataclass
 
 from controller.errors import TokenRejected
+from nodeagent.model import now_ms
 from nodeagent.secrets import Secret
 
 ID_LEN = 6
@@ -121,3 +122,14 @@ def parse_duration(text: str) -> int:
     if value <= 0:
         raise ValueError(f"duration must be positive: {text!r}")
     return value
+
+
+def status(record: TokenRecord, now: int | None = None) -> str:
+    """active, expired, used up or revoked (the first that applies, revoked first)."""
+    if record.revoked:
+        return "revoked"
+    if record.max_uses and record.uses >= record.max_uses:
+        return "used up"
+    if record.expires_ms <= (now_ms() if now is None else now):
+        return "expired"
+    return "active"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from controller import tokens
 from controller.cluster.health import Report
 from controller.store.records import EnvironmentRecord, NodeRecord, StepRecord
 from controller.tokens import TokenRecord
@@ -82,6 +83,7 @@ def token_to_pb(t: TokenRecord) -> admin_pb2.Token:
         revoked=t.revoked,
         created_ms=t.created_ms,
         description=t.description,
+        status=tokens.status(t),
     )
 
 
@@ -123,6 +125,7 @@ def node_to_pb(
         agent_version=node.agent_version,
         stored_seq=node.stored_seq,
         cert_fingerprint=node.cert_fingerprint,
+        agent_rolled_back_from=node.agent_rolled_back_from,
     )
     if facts is not None:
         msg.facts.CopyFrom(facts_to_pb(facts))
