@@ -458,7 +458,7 @@ class Orchestrator:
         ready = [
             name
             for name in (init, *(n for n in others if n != init))
-            if name and self._hub.connected(name) and self._joined(name) and self._live(name)
+            if name and self._hub.connected(name) and self._member(name) and self._live(name)
         ]
         return next((n for n in ready if n != node), node if node in ready else None)
 
