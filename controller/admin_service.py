@@ -408,8 +408,12 @@ class AdminService(wire.AdminServiceServicer):
         app = self.app
         current = app.rollouts.existing(request.environment)
         prev = app.rollouts.previous(request.environment)
+        # Undoing an agent upgrade from "whatever they run" goes back to what most nodes ran.
+        agent = prev.agent_version or (current.from_agent_version if current.agent_version else "")
+        if agent and agent != current.agent_version:
+            await self._bundle(agent)
         record, _ = await app.store.put_environment(
-            prev.name, prev.document, prev.api_version, prev.spec, agent_version=prev.agent_version
+            prev.name, prev.document, prev.api_version, prev.spec, agent_version=agent
         )
         log.info(
             "rollout undone",
@@ -429,15 +433,7 @@ class AdminService(wire.AdminServiceServicer):
         if env is None:
             raise NotFound(f"environment {request.environment!r} not found")
         version = request.version or __version__
-        if app.bundles is None:
-            raise FailedPrecondition("this controller hands out no agent bundles")
-        try:
-            await app.bundles.ensure(version)  # the controller's own version is built on first use
-        except NotFound:
-            raise FailedPrecondition(
-                f"this controller holds no agent bundle of version {version!r} "
-                "(tetherctl agent bundles lists the ones it has; tether-controller agent-bundle add FILE)"
-            ) from None
+        await self._bundle(version)
         record, changed = await app.store.put_environment(
             env.name, env.document, env.api_version, env.spec, agent_version=version
         )
@@ -445,6 +441,18 @@ class AdminService(wire.AdminServiceServicer):
         if changed:
             return admin_rollouts.rollout_to_pb(await app.rollouts.start(record, env.generation))
         return admin_rollouts.rollout_to_pb(app.rollouts.existing(env.name))
+
+    async def _bundle(self, version: str) -> None:
+        """The bundle of ``version`` is at hand (the controller's own is built on first use)."""
+        if self.app.bundles is None:
+            raise FailedPrecondition("this controller hands out no agent bundles")
+        try:
+            await self.app.bundles.ensure(version)
+        except NotFound:
+            raise FailedPrecondition(
+                f"this controller holds no agent bundle of version {version!r} "
+                "(tetherctl agent bundles lists the ones it has; tether-controller agent-bundle add FILE)"
+            ) from None
 
     @unary
     async def ListAgentBundles(self, request: wire.admin.ListAgentBundlesRequest, context: Any) -> Any:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
 
 from controller.cluster.orchestrator import Orchestrator
@@ -82,7 +83,8 @@ class RolloutDriver:
         async with self._lock:
             if policy is None:
                 policy = self._planner.spec(env).spec.rollout
-            nodes = {n.name: self._enter(env, n) for n in self._members(env)}
+            members = self._members(env)
+            nodes = {n.name: self._enter(env, n) for n in members}
             self._rosters.pop(env.name, None)  # list again: every member is there now
             r = Rollout(
                 environment=env.name,
@@ -92,6 +94,7 @@ class RolloutDriver:
                 started_ms=now_ms(),
                 updated_ms=now_ms(),
                 agent_version=env.agent_version,
+                from_agent_version=_most_common(n.agent_version for n in members),
                 nodes=nodes,
             )
             moved = sum(1 for p in nodes.values() if not p.unchanged)
@@ -285,3 +288,8 @@ class RolloutDriver:
         report = self._cluster.health(environment)
         planes = [n for n in report.nodes if n.role == Role.CONTROL_PLANE.value]
         return bool(planes) and all(n.ready and n.agent_state == "provisioned" for n in planes)
+
+
+def _most_common(values: Iterable[str]) -> str:
+    counts = Counter(v for v in values if v)
+    return counts.most_common(1)[0][0] if counts else ""

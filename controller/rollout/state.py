@@ -47,6 +47,7 @@ class Rollout:
     updated_ms: int = 0
     canary_done: bool = False
     agent_version: str = ""
+    from_agent_version: str = ""  # what most nodes ran before (an undo of an upgrade goes back to it)
     nodes: dict[str, NodeProgress] = field(default_factory=dict)
 
     def count(self, stage: NodeStage) -> int:
