@@ -35,7 +35,7 @@ from controller.secretbox import SecretBox
 from controller.spec import load_document
 from controller.store import SqliteStore
 from controller.transport import server_options
-from nodeagent import anonymous, logs
+from nodeagent import anonymous, logs, systemd
 from nodeagent.facts import local_addresses
 from nodeagent.identity import split_address
 from nodeagent.secrets import PROCESS_REDACTOR
@@ -245,6 +245,9 @@ async def serve(config: ControllerConfig, on_ready: Callable[[str], None] | None
     gc.set_threshold(*GC_THRESHOLDS)
     if on_ready is not None:
         on_ready(controller.address)
+    # Under systemd (Type=notify): ready now, and WATCHDOG=1 pings from this loop (WatchdogSec).
+    systemd.notify(f"READY=1\nSTATUS=listening on {controller.address}")
+    watchdog = asyncio.ensure_future(_watchdog()) if systemd.watchdog_interval() else None
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -254,6 +257,17 @@ async def serve(config: ControllerConfig, on_ready: Callable[[str], None] | None
     stopper = asyncio.ensure_future(stop.wait())
     await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
     log.info("controller stopping")
+    systemd.notify("STOPPING=1")
     await controller.stop()
     waiter.cancel()
     stopper.cancel()
+    if watchdog is not None:
+        watchdog.cancel()
+
+
+async def _watchdog() -> None:
+    """Ping systemd's watchdog while the event loop runs (a hung loop stops the pings)."""
+    interval = systemd.watchdog_interval() or 10.0
+    while True:
+        systemd.notify("WATCHDOG=1")
+        await asyncio.sleep(interval)
