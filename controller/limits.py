@@ -49,6 +49,15 @@ QUOTA_PAUSE_SECONDS = 5.0  # longest pause in reading a node over its output quo
 FOLLOWER_QUEUE_BYTES = 8 * MiB  # events queued for one FollowEvents call; over it, it is cut off
 PLAN_CACHE_ENTRIES = 256  # rendered plans and plan messages kept
 
+# Drains around disruptive steps (controller/cluster/drain.py).
+DRAIN_TIMEOUT_SECONDS = 300  # kubectl drain --timeout; past it and a grace, the drain counts as failed
+DRAIN_MESSAGE_CHARS = 600  # the reason a failed drain gives its gated step, cut to this
+
+# -- metrics listener (``--metrics-listen``) ---------------------------------------------------
+METRICS_SCAN_MIN_SECONDS = 2.0  # nodes are counted by state at most this often, however many scrapes
+METRICS_PROBE_SECONDS = 2.0  # what a probe waits for the event loop and for the gRPC port
+METRICS_REQUEST_TIMEOUT_SECONDS = 10.0  # a metrics client silent this long is disconnected
+
 
 @dataclass
 class TokenBucket:
