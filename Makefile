@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST := $(PY) -m pytest
 
-.PHONY: help venv system-deps agent-wheels gen-protos check-protos lint typecheck test-unit test-integration test-e2e test demo bench clean
+.PHONY: help venv system-deps agent-wheels gen-protos check-protos lint typecheck test-unit test-integration test-e2e test deb demo bench clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | column -t -s $$'\t'
@@ -53,6 +53,9 @@ test-e2e: venv system-deps agent-wheels ## real systemd nodes (root: builds the 
 
 test: venv system-deps agent-wheels check-protos lint typecheck ## everything CI runs
 	TETHER_WHEEL_DIR=$(AGENT_WHEELS) $(PYTEST) tests -q
+
+deb: venv ## Debian packages tether-controller and tether-agent in dist/ (packaging/deb; OFFLINE=1: no index)
+	$(PY) scripts/build_deb.py --out $(CURDIR)/dist $(if $(OFFLINE),--offline,)
 
 demo: venv ## controller + local agent provisioning a demo environment, end to end
 	$(PY) scripts/demo.py
