@@ -1,5 +1,9 @@
 """Agent configuration: a YAML file (what systemd uses) overridden by flags.
 
+What wins, first to last: a flag, the environment (``TETHER_JOIN_TOKEN``), the config file, and
+for the controller address only, the address(es) the state directory remembers from enrolling
+(``node.json``; updated when another address given later welcomes the node).
+
 ``load`` reports every problem at once. The join token may be given inline,
 in a separate 0600 file (``token_file``), or by the environment variable
 ``TETHER_JOIN_TOKEN`` (what ``tetherctl token create --print-join-command``
@@ -21,7 +25,7 @@ from typing import Any
 import yaml
 
 from nodeagent.errors import ConfigError
-from nodeagent.identity import normalize_ca_hash, read_private, split_address
+from nodeagent.identity import IdentityStore, normalize_ca_hash, read_private, split_address
 from nodeagent.secrets import Secret
 
 DEFAULT_CONFIG = Path("/etc/tether/agent.yaml")
@@ -64,7 +68,11 @@ KNOWN_KEYS = {
 
 
 def load(path: Path | None, overrides: Mapping[str, Any], env: Mapping[str, str]) -> AgentConfig:
-    """Merge file < environment < flags (flags given as ``overrides``; None means unset)."""
+    """Merge file < environment < flags (flags given as ``overrides``; None means unset).
+
+    The controller address, when none of them names it, is the one the node last reached (kept in
+    its state directory since enrolling): an enrolled agent needs only ``--state-dir``.
+    """
     problems: list[str] = []
     values: dict[str, Any] = {}
     if path is not None:
@@ -104,9 +112,13 @@ def load(path: Path | None, overrides: Mapping[str, Any], env: Mapping[str, str]
         except Exception as exc:  # IdentityError: wrong mode or owner
             problems.append(f"token_file: {exc}")
 
-    controller = str(values.get("controller", "") or "")
+    state_dir = Path(values.get("state_dir") or DEFAULT_STATE_DIR)
+    controller = str(values.get("controller", "") or "") or _remembered_controller(state_dir)
     if not controller:
-        problems.append("controller: required (HOST:PORT of the tether controller)")
+        problems.append(
+            "controller: required (HOST:PORT of the tether controller; "
+            f"an enrolled agent remembers it in {state_dir / 'node.json'})"
+        )
     else:
         try:
             split_address(controller)
@@ -134,7 +146,7 @@ def load(path: Path | None, overrides: Mapping[str, Any], env: Mapping[str, str]
         raise ConfigError("invalid agent configuration:\n  " + "\n  ".join(problems))
     return AgentConfig(
         controller=controller,
-        state_dir=Path(values.get("state_dir") or DEFAULT_STATE_DIR),
+        state_dir=state_dir,
         node_name=str(values.get("node_name") or ""),
         ca_hash=ca_hash,
         token=Secret(token_value),
@@ -145,3 +157,9 @@ def load(path: Path | None, overrides: Mapping[str, Any], env: Mapping[str, str]
         shell=str(values.get("shell") or "bash"),
         **numbers,
     )
+
+
+def _remembered_controller(state_dir: Path) -> str:
+    """The first controller address the state directory remembers ("" when none)."""
+    remembered = IdentityStore(state_dir).controllers()
+    return remembered[0] if remembered else ""

@@ -56,6 +56,13 @@ async def enroll(config: AgentConfig, store: IdentityStore, facts: HostFacts) ->
             if exc.code() in _PERMANENT:
                 raise EnrollError(f"enrollment refused: {exc.details()}") from None
             raise ControllerUnavailable(f"enrollment failed: {exc.code().name}: {exc.details()}") from None
-    identity = store.save(reply.node_name, reply.environment, reply.role, reply.certificate_pem, reply.ca_pem)
+    identity = store.save(
+        reply.node_name,
+        reply.environment,
+        reply.role,
+        reply.certificate_pem,
+        reply.ca_pem,
+        controllers=(config.controller,),
+    )
     log.info("enrolled", node=identity.node_name, environment=identity.environment, role=identity.role)
     return identity, reply.next_seq or 1

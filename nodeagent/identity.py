@@ -241,12 +241,43 @@ class IdentityStore:
         write_private(self.key_path, key)
         return key
 
-    def save(self, node_name: str, environment: str, role: str, cert_pem: bytes, ca_pem: bytes) -> Identity:
+    def save(
+        self,
+        node_name: str,
+        environment: str,
+        role: str,
+        cert_pem: bytes,
+        ca_pem: bytes,
+        controllers: tuple[str, ...] = (),
+    ) -> Identity:
+        """Keep what enrollment gave, and the controller address(es) it used: an enrolled agent
+        started with nothing but its state directory carries on with them."""
         write_private(self.ca_path, ca_pem)
         write_private(self.cert_path, cert_pem)
         meta = {"node_name": node_name, "environment": environment, "role": role}
-        write_private(self.meta_path, json.dumps(meta, indent=2).encode())
+        self._write_meta({**meta, "controllers": list(controllers)})
         return self.load()
+
+    def controllers(self) -> tuple[str, ...]:
+        """The controller address(es) this node last reached; () before enrolling (or unreadable)."""
+        try:
+            meta = json.loads(read_private(self.meta_path))
+        except (OSError, ValueError, IdentityError):
+            return ()
+        listed = meta.get("controllers") if isinstance(meta, dict) else None
+        return tuple(str(a) for a in listed) if isinstance(listed, list) else ()
+
+    def remember_controller(self, address: str) -> None:
+        """Put ``address`` first among the remembered controllers (it answered this node)."""
+        meta = json.loads(read_private(self.meta_path))
+        current = [str(a) for a in meta.get("controllers") or []]
+        if current[:1] == [address]:
+            return
+        meta["controllers"] = [address, *(a for a in current if a != address)]
+        self._write_meta(meta)
+
+    def _write_meta(self, meta: dict[str, Any]) -> None:
+        write_private(self.meta_path, json.dumps(meta, indent=2).encode())
 
     def save_certificate(self, cert_pem: bytes) -> None:
         write_private(self.cert_path, cert_pem)

@@ -2,6 +2,7 @@
 
 TETHER_JOIN_TOKEN=TOKEN tether-agent run [--config FILE] [--controller HOST:PORT --ca-hash sha256:HEX]
                  [--state-dir DIR] [--node-name NAME]
+tether-agent run --state-dir DIR          (enrolled: the controller address is remembered there)
 tether-agent validate-config [--config FILE] [flags]
 tether-agent status [--state-dir DIR]
 tether-agent facts
@@ -11,6 +12,8 @@ The join token never stays on the agent's command line or in its environment: th
 it out of ``os.environ`` once read (steps never inherit it), and execs itself again without
 ``--token`` and without ``TETHER_JOIN_TOKEN`` once enrolled (or at once, when it already was), so
 ``/proc/PID/cmdline`` and ``/proc/PID/environ`` of the running agent do not hold it.
+
+A flag wins over the config file; see ``nodeagent.config`` for the whole order.
 """
 
 from __future__ import annotations
@@ -39,7 +42,10 @@ def _parser() -> argparse.ArgumentParser:
         sp.add_argument(
             "--config", type=Path, help=f"YAML config file (default {DEFAULT_CONFIG} if it exists)"
         )
-        sp.add_argument("--controller", help="controller address HOST:PORT")
+        sp.add_argument(
+            "--controller",
+            help="controller address HOST:PORT (once enrolled, the state directory remembers it)",
+        )
         sp.add_argument(
             "--token",
             help=f"join token (used once; prefer {TOKEN_ENV}=TOKEN or --token-file: not on a command line)",

@@ -328,6 +328,7 @@ class Agent:
             self.executor.outbox.ack(stored)
             self._streaming = True
             self._set_state(AgentState.STREAMING)
+            await self._remember_controller()
             log.info(
                 "streaming",
                 controller=self.config.controller,
@@ -353,6 +354,13 @@ class Agent:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await writer
                 call.cancel()
+
+    async def _remember_controller(self) -> None:
+        """The address that welcomed this node is the one a restart without ``--controller`` uses."""
+        try:
+            await asyncio.to_thread(self.identities.remember_controller, self.config.controller)
+        except (OSError, ValueError, IdentityError) as exc:
+            log.warning("could not remember the controller address", error=str(exc))
 
     async def _hello(self) -> wire.pb.Hello:
         """What this node says first on a stream: its facts, outbox numbers, plan and journal."""
