@@ -18,7 +18,7 @@ from typing import Any
 
 import grpc
 
-from controller import enrollment, wire
+from controller import enrollment, metrics, wire
 from controller.agentbundles import AgentBundles, HeldBundle
 from controller.app import App
 from controller.auth import Kind
@@ -95,6 +95,7 @@ class AgentService(wire.AgentServiceServicer):
                 ask.token_id, ask.node_name, lambda t, e: enrollment.decide(app.store, asked, issued, t, e)
             )
         except (TokenRejected, AlreadyExists) as exc:
+            metrics.count_enrollment(exc)
             REFUSALS.refused(
                 "enrollment refused",
                 node=ask.node_name if ask else request.node_name[:64],
@@ -102,9 +103,13 @@ class AgentService(wire.AgentServiceServicer):
                 reason=getattr(exc, "reason", "enrolled"),
             )
             raise
+        except Exception as exc:
+            metrics.count_enrollment(exc)
+            raise
         if node.key_hash == ask.key_hash and node.enrolled_ms >= started_ms:
             await app.cluster.forget_node(node.environment, ask.node_name)  # a fresh machine under this name
         next_seq = max(node.stored_seq, app.store.max_seq(ask.node_name)) + 1
+        metrics.count_enrollment(None)
         log.info(
             "node enrolled",
             node=ask.node_name,
@@ -430,6 +435,7 @@ class AgentService(wire.AgentServiceServicer):
             if e.lines or e.message or e.observed:
                 events[i] = await _redacted(e, app.redactor)
         stored = await app.store.append_events(node.name, events) if events else session.stored_seq
+        metrics.events_stored(node.environment, events)
         session.stored_seq = max(session.stored_seq, stored)
         session.send(wire.agent.ControllerMessage(ack=wire.agent.Ack(seq=stored)))
         # A generator: the copies are made only when someone follows this node's events.

@@ -30,3 +30,5 @@ class ControllerConfig:
     # and the platform the controller's own version is built for ("3.11/amd64"; default its own).
     agent_bundles_dir: Path | None = None
     agent_platform: str = ""
+    # HOST:PORT of the plain-HTTP listener for /metrics, /healthz and /readyz ("": none).
+    metrics_listen: str = ""

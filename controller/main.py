@@ -2,7 +2,7 @@
 
 tether-controller serve [--listen HOST:PORT] [--data-dir DIR] [--advertise HOST:PORT] [--san NAME ...]
                         [--max-document-bytes N] [--enroll-rate PER_SECOND]
-                        [--node-output-rate BYTES_PER_SECOND]
+                        [--node-output-rate BYTES_PER_SECOND] [--metrics-listen HOST:PORT]
 tether-controller admin issue --name NAME [--role admin|read-only] [--days N] --out FILE
 tether-controller admin list | revoke (--name NAME | --fingerprint PREFIX)
 tether-controller agent-bundle add FILE | list [--agent-bundles DIR | --data-dir DIR]
@@ -92,6 +92,13 @@ def _parser() -> argparse.ArgumentParser:
         "--agent-platform",
         default="",
         help="PYTHON/ARCH the controller's own agent bundle is built for (default: the controller's own)",
+    )
+    s.add_argument(
+        "--metrics-listen",
+        default="",
+        metavar="HOST:PORT",
+        help="serve Prometheus /metrics, /healthz and /readyz over plain HTTP here (default: off; port 0 "
+        "picks a free one)",
     )
     s.add_argument("--log-level", default="info")
     admin = sub.add_parser("admin", help="admin credentials").add_subparsers(dest="verb", required=True)
@@ -213,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         node_output_bytes_per_second=args.node_output_rate,
         agent_bundles_dir=args.agent_bundles,
         agent_platform=args.agent_platform,
+        metrics_listen=args.metrics_listen,
     )
 
     def ready(address: str) -> None:
@@ -227,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         from controller.server import serve
 
         _install_uvloop()
-        asyncio.run(serve(config, on_ready=ready))
+        asyncio.run(serve(config, on_ready=ready, on_metrics=lambda a: print(f"metrics on {a}", flush=True)))
     except (OSError, ControllerError) as exc:  # start-up problems: one line, not a traceback
         print(f"tether-controller: {exc}", file=sys.stderr)
         return 1

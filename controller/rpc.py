@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
 
+from controller import metrics
 from controller.errors import ControllerError, InvalidArgument
 from nodeagent import logs
 
@@ -22,17 +24,24 @@ def _message(exc: ControllerError) -> str:
 
 
 def unary(fn: Callable[[Any, Any, Any], Awaitable[R]]) -> Callable[[Any, Any, Any], Awaitable[R]]:
+    observe, failed = metrics.timed_method(fn.__name__)  # tether_rpc_* by method
+
     @functools.wraps(fn)
     async def wrapper(self: Any, request: Any, context: Any) -> R:
+        started = time.perf_counter()
         try:
             return await fn(self, request, context)
         except ControllerError as exc:
+            failed(exc.code.name)
             await context.abort(exc.code, _message(exc))
             raise AssertionError("unreachable") from None
         except Exception:
+            failed(grpc.StatusCode.INTERNAL.name)
             log.exception("internal error", method=fn.__name__)
             await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {fn.__name__}")
             raise AssertionError("unreachable") from None
+        finally:
+            observe(time.perf_counter() - started)
 
     return wrapper
 

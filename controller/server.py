@@ -14,7 +14,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from controller import wire
+from controller import metrics, wire
 from controller.admin_service import AdminService
 from controller.adminconf import AdminConfig
 from controller.admins import AdminRegistry
@@ -89,19 +89,25 @@ class Controller:
         self.server: grpc.aio.Server | None = None
         self.app: App | None = None
         self.address = ""
+        self.metrics: metrics.MetricsListener | None = None
 
     async def start(self) -> App:
         """Check the address, then create what is missing; a failure leaves no new state behind."""
         config = self.config
         host, _ = preflight(config.listen)  # before anything exists on disk
+        if config.metrics_listen:
+            preflight(config.metrics_listen)
         created = not config.data_dir.exists()
         config.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         store: SqliteStore | None = None
         try:
             ca = CertificateAuthority.load_or_create(config.data_dir / "pki")
-            store = SqliteStore(config.data_dir / "tether.db")
+            store = SqliteStore(config.data_dir / "tether.db", observe_commit=metrics.store_committed)
             return await self._serve(ca, store, host)
         except BaseException:
+            if self.metrics is not None:
+                self.metrics.close()
+                self.metrics = None
             if store is not None:
                 await store.close()
             if created:
@@ -161,10 +167,15 @@ class Controller:
         health_servicer = _add_services(server, app)
         await _parse_stored_specs(app)
         await _build_named_bundles(app)
+        if config.metrics_listen:
+            self.metrics = metrics.MetricsListener(config.metrics_listen, store.path)
         await server.start()
         app.rollouts.run()  # resumes the rollouts the store holds
         for name in ("", *wire.SERVICE_NAMES):
             await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+        if self.metrics is not None:
+            self.metrics.attach(app, asyncio.get_running_loop(), self.address)
+            self.metrics.probes.serving = True
         self._write_admin_conf(ca, advertise if host in WILDCARDS else self.address)
         self.server, self.app = server, app
         log.info(
@@ -198,10 +209,14 @@ class Controller:
         log.info("admin credentials written", path=str(path))
 
     async def stop(self, grace: float = 5.0) -> None:
+        if self.metrics is not None:
+            self.metrics.probes.serving = False  # /readyz fails while the calls drain
         if self.app is not None:
             await self.app.rollouts.stop()
         if self.server is not None:
             await self.server.stop(grace)
+        if self.metrics is not None:
+            await asyncio.to_thread(self.metrics.close)
         if self.app is not None:
             await self.app.store.close()
 
@@ -238,13 +253,19 @@ async def _build_named_bundles(app: App) -> None:
             log.warning("agent bundle not available", version=bundles.own_version, error=str(exc))
 
 
-async def serve(config: ControllerConfig, on_ready: Callable[[str], None] | None = None) -> None:
+async def serve(
+    config: ControllerConfig,
+    on_ready: Callable[[str], None] | None = None,
+    on_metrics: Callable[[str], None] | None = None,
+) -> None:
     controller = Controller(config)
     await controller.start()
     gc.freeze()  # what start-up built lives as long as the process: no collection walks it again
     gc.set_threshold(*GC_THRESHOLDS)
     if on_ready is not None:
         on_ready(controller.address)
+    if on_metrics is not None and controller.metrics is not None:
+        on_metrics(controller.metrics.address)
     # Under systemd (Type=notify): ready now, and WATCHDOG=1 pings from this loop (WatchdogSec).
     systemd.notify(f"READY=1\nSTATUS=listening on {controller.address}")
     watchdog = asyncio.ensure_future(_watchdog()) if systemd.watchdog_interval() else None

@@ -14,6 +14,7 @@ import json
 import queue
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -25,6 +26,7 @@ from nodeagent.model import Event, EventKind, Plan, now_ms
 
 T = TypeVar("T")
 WriteFn = Callable[[sqlite3.Connection], Any]
+CommitObserver = Callable[[float, int], None]  # (seconds, writes) of each group commit
 
 SCHEMA_VERSION = 3
 KEEP_REVISIONS = 20  # an environment's past documents kept (and every one a node still runs)
@@ -106,8 +108,9 @@ def _connect(path: Path) -> sqlite3.Connection:
 class _Writer:
     """One thread, one connection, group commit."""
 
-    def __init__(self, path: Path, max_batch: int = 512) -> None:
+    def __init__(self, path: Path, max_batch: int = 512, observe: CommitObserver | None = None) -> None:
         self._conn = _connect(path)
+        self._observe = observe
         self._queue: queue.SimpleQueue[tuple[WriteFn, asyncio.Future[Any]] | None] = queue.SimpleQueue()
         self._max_batch = max_batch
         self._thread = threading.Thread(target=self._run, name="store-writer", daemon=True)
@@ -148,6 +151,7 @@ class _Writer:
     def _commit(self, batch: list[tuple[WriteFn, asyncio.Future[Any]]]) -> None:
         outcomes: list[tuple[asyncio.Future[Any], Any, BaseException | None]] = []
         conn = self._conn
+        started = time.perf_counter()
         try:
             conn.execute("BEGIN IMMEDIATE")
             for fn, fut in batch:
@@ -166,6 +170,8 @@ class _Writer:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             outcomes = [(fut, None, exc) for _, fut in batch]
+        if self._observe is not None:  # before anyone is told: what they see next includes it
+            self._observe(time.perf_counter() - started, len(batch))
         # One wake-up of each waiting event loop per commit, not one per write.
         by_loop: dict[asyncio.AbstractEventLoop, list[_Outcome]] = {}
         for outcome in outcomes:
@@ -260,11 +266,13 @@ def _encode(value: Any) -> Any:
     return value
 
 
-def _open(path: Path, migrate: WriteFn) -> tuple[_Writer, sqlite3.Connection]:
+def _open(
+    path: Path, migrate: WriteFn, observe: CommitObserver | None = None
+) -> tuple[_Writer, sqlite3.Connection]:
     """The writer (schema migrated) and the read connection, or StoreError naming the file."""
     writer: _Writer | None = None
     try:
-        writer = _Writer(path)
+        writer = _Writer(path, observe=observe)
         writer.run_sync(migrate)
         read = _connect(path)
         read.execute("SELECT COUNT(*) FROM nodes").fetchone()
@@ -283,10 +291,10 @@ def _open(path: Path, migrate: WriteFn) -> tuple[_Writer, sqlite3.Connection]:
 class SqliteStore:
     """``Store`` on one SQLite file."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, observe_commit: CommitObserver | None = None) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
-        self._writer, self._read = _open(path, self._migrate)
+        self._writer, self._read = _open(path, self._migrate, observe_commit)
         for suffix in ("", "-wal", "-shm"):
             p = path.with_name(path.name + suffix)
             if p.exists():
