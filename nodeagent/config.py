@@ -31,7 +31,7 @@ from nodeagent.secrets import Secret
 DEFAULT_CONFIG = Path("/etc/tether/agent.yaml")
 DEFAULT_STATE_DIR = Path("/var/lib/tether")
 TOKEN_ENV = "TETHER_JOIN_TOKEN"  # noqa: S105 (the name of the variable, not a token)
-PATH_KEYS = ("state_dir", "token_file")
+PATH_KEYS = ("state_dir", "token_file", "metrics_textfile")
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,7 @@ class AgentConfig:
     reboot_command: tuple[str, ...] = ("systemctl", "reboot")
     log_level: str = "info"
     shell: str = "bash"
+    metrics_textfile: Path | None = None  # node-exporter textfile collector file (nodeagent.textfile)
 
 
 KNOWN_KEYS = {
@@ -64,6 +65,7 @@ KNOWN_KEYS = {
     "reboot_command",
     "log_level",
     "shell",
+    "metrics_textfile",
 }
 
 
@@ -155,6 +157,7 @@ def load(path: Path | None, overrides: Mapping[str, Any], env: Mapping[str, str]
         reboot_command=tuple(str(x) for x in reboot),
         log_level=str(values.get("log_level") or "info"),
         shell=str(values.get("shell") or "bash"),
+        metrics_textfile=Path(values["metrics_textfile"]) if values.get("metrics_textfile") else None,
         **numbers,
     )
 
