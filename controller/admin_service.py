@@ -103,21 +103,35 @@ class AdminService(wire.AdminServiceServicer):
         self, request: wire.admin.DeleteEnvironmentRequest, context: Any
     ) -> wire.admin.DeleteEnvironmentResponse:
         who = self._caller(context, write=True)
-        store = self.app.store
+        store, resets = self.app.store, self.agents.resets
         if store.get_environment(request.name) is None:
             raise NotFound(f"environment {request.name!r} not found")
-        live = [n.name for n in store.list_nodes(request.name) if not n.revoked]
-        if live and not request.force:
+        nodes = store.list_nodes(request.name)
+        live = [n for n in nodes if not n.revoked]
+        if live and not (request.force or request.reset):
+            names = ", ".join(n.name for n in live[:5])
             raise FailedPrecondition(
-                f"environment {request.name!r} still has {len(live)} enrolled node(s) "
-                f"({', '.join(live[:5])}); revoke them first or use --force"
+                f"environment {request.name!r} still has {len(live)} enrolled node(s) ({names}); "
+                "use --force to revoke them, or --reset to reset them first"
             )
-        await store.delete_environment(request.name)
-        await self.app.cluster.forget_environment(request.name)
-        await self.app.rollouts.forget(request.name)
-        for t in store.list_tokens(request.name):
-            await store.revoke_token(t.id)
-        log.info("environment deleted", environment=request.name, by=who, nodes_left=len(live))
+        log.info(
+            "environment delete",
+            environment=request.name,
+            by=who,
+            nodes=len(nodes),
+            how="reset" if request.reset and live else "delete",
+        )
+        if request.reset and live:
+            for node in live:
+                await self._reset(node, who)
+            for node in nodes:
+                if node.revoked:
+                    await resets.forget(node)  # a revoked agent runs nothing: there is nothing to reset
+            await resets.delete_environment_after_resets(request.name)  # once its last node went
+        else:
+            for node in live:
+                await resets.revoke(node)
+            await resets.delete_environment(request.name)
         return wire.admin.DeleteEnvironmentResponse()
 
     # -- tokens -------------------------------------------------------------------------------
@@ -254,6 +268,48 @@ class AdminService(wire.AdminServiceServicer):
             session.close()
         log.info("node revoked", node=node.name, by=who)
         return wire.admin.RevokeNodeResponse()
+
+    @unary
+    async def DeleteNode(self, request: wire.admin.DeleteNodeRequest, context: Any) -> Any:
+        who = self._caller(context, write=True)
+        node = self.app.store.get_node(request.name)
+        if node is None:
+            raise NotFound(f"node {request.name!r} not found")
+        if not node.revoked and self.app.hub.connected(node.name) and not request.force:
+            raise FailedPrecondition(
+                f"node {node.name!r} is connected: --force revokes it first "
+                f"(tetherctl node reset {node.name} takes it out cleanly instead)"
+            )
+        if not node.revoked:
+            await self.agents.resets.revoke(node)  # its agent stops; it cannot come back under it
+        await self.agents.resets.forget(node)
+        log.info("node deleted", node=node.name, environment=node.environment, by=who)
+        return wire.admin.DeleteNodeResponse()
+
+    @unary
+    async def ResetNode(self, request: wire.admin.ResetNodeRequest, context: Any) -> Any:
+        who = self._caller(context, write=True)
+        node = self.app.store.get_node(request.name)
+        if node is None:
+            raise NotFound(f"node {request.name!r} not found")
+        if node.revoked:
+            raise FailedPrecondition(
+                f"node {node.name!r} is revoked: its agent runs nothing any more "
+                f"(tetherctl node delete {node.name} forgets it)"
+            )
+        await self._reset(node, who)
+        return wire.admin.ResetNodeResponse()
+
+    async def _reset(self, node: NodeRecord, who: str) -> None:
+        """Start (or, for a reset that failed, retry) the node's reset and hand it the plan."""
+        app = self.app
+        if not await self.agents.resets.start(node, who):
+            failed = [s.name for s in app.store.node_steps(node.name) if s.state == "failed"]
+            if failed and app.hub.connected(node.name):  # asked again: run what failed once more
+                await app.store.reset_steps(node.name, failed)
+                command = wire.agent.Command(id=f"rerun-{now_ms()}", rerun=wire.agent.Rerun(steps=failed))
+                app.hub.send(node.name, wire.agent.ControllerMessage(command=command))
+        await self.agents.push_plan(node.name)
 
     @unary
     async def RerunSteps(

@@ -37,6 +37,7 @@ from controller.hub import Session
 from controller.limits import PLAN_CACHE_ENTRIES
 from controller.quotas import NodeQuotas
 from controller.refusals import REFUSALS
+from controller.resets import Resets
 from controller.rpc import stream, unary
 from controller.store.records import NodeRecord
 from nodeagent import logs
@@ -71,6 +72,7 @@ class AgentService(wire.AgentServiceServicer):
     def __init__(self, app: App) -> None:
         self.app = app
         self.quotas = NodeQuotas(app.config.node_output_bytes_per_second)
+        self.resets = Resets(app)  # node delete / reset (the admin service uses it too)
         self._plan_messages: dict[tuple[str, str, int, str], wire.agent.ControllerMessage] = {}
 
     # -- Enroll -------------------------------------------------------------------------------
@@ -337,9 +339,11 @@ class AgentService(wire.AgentServiceServicer):
         current = app.store.get_node(node.name)
         if current is None or current.revoked:
             return  # a revoked node gets no plan (its stream is being closed)
-        cluster = await app.cluster.context(current)
-        generation = app.rollouts.generation_for(current)  # a rollout may hold it back
-        plan = app.planner.plan(node.environment, node.role, facts, cluster, generation)
+        plan = self.resets.plan_for(current)  # a node being reset gets the reset plan
+        if plan is None:
+            cluster = await app.cluster.context(current)
+            generation = app.rollouts.generation_for(current)  # a rollout may hold it back
+            plan = app.planner.plan(node.environment, node.role, facts, cluster, generation)
         current = app.store.get_node(node.name)
         if current is None or current.revoked:
             return
@@ -441,6 +445,7 @@ class AgentService(wire.AgentServiceServicer):
         # A generator: the copies are made only when someone follows this node's events.
         app.hub.publish(node.name, node.environment, (replace(e, node=node.name) for e in events))
         await app.cluster.on_events(node, events)
+        await self.resets.on_events(node, events)  # a reset reported done: the node is forgotten
         app.rollouts.poke(node.environment)
         if charged.over_bytes or charged.over_events:
             await asyncio.sleep(self.quotas.pause(charged))

@@ -9,16 +9,25 @@ Hierarchy::
     ├── StateError             the state database cannot be opened (corrupt, unreadable)
     │   └── CorruptRecord      one stored record (an event, facts, a plan) cannot be read back
     ├── TaskFailed             a long-lived task failed: the agent exits, systemd restarts it
+    ├── NodeRevoked            the controller revoked (or deleted) this node: the agent stops for good
+    ├── NodeReset              the node was reset: the agent removed itself and stays down
     └── ControllerUnavailable  the controller could not be reached (retryable)
 """
 
 from __future__ import annotations
 
+# What ``tether-agent run`` exits with when the controller ended this node for good; the unit lists
+# both in RestartPreventExitStatus= and SuccessExitStatus= (systemd neither restarts nor fails it).
+REVOKED_EXIT_CODE = 77
+RESET_EXIT_CODE = 78
+
 
 class AgentError(Exception):
-    """Root of the agent's errors. ``retryable`` says whether trying again can help."""
+    """Root of the agent's errors. ``retryable`` says whether trying again can help; ``exit_code``
+    is what ``tether-agent run`` exits with."""
 
     retryable = False
+    exit_code = 2
 
 
 class ConfigError(AgentError):
@@ -43,6 +52,22 @@ class CorruptRecord(StateError):
 
 class TaskFailed(AgentError):
     """A long-lived task of the agent failed (one line); the agent exits non-zero."""
+
+
+class NodeRevoked(AgentError):
+    """The controller refuses this node's identity for good (revoked or deleted): exit and stay down."""
+
+    exit_code = REVOKED_EXIT_CODE
+
+    def __init__(self, node: str) -> None:
+        super().__init__(f"node {node} was revoked by the controller; enroll again with a new token")
+        self.node = node
+
+
+class NodeReset(AgentError):
+    """The node was reset (``tetherctl node reset``): the agent removed its unit, config and state."""
+
+    exit_code = RESET_EXIT_CODE
 
 
 class ControllerUnavailable(AgentError):

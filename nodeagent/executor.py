@@ -62,6 +62,7 @@ def plan_from_json(text: str) -> Plan:
         role=doc["role"],
         digest=doc["digest"],
         agent=AgentTarget(**doc["agent"]) if doc.get("agent") else None,
+        deprovision=bool(doc.get("deprovision", False)),
     )
 
 
@@ -79,6 +80,7 @@ class Executor:
         base_env: Mapping[str, str] | None = None,
         retry_base_seconds: float = RETRY_BASE_SECONDS,
         upgrade: AgentUpgrade | None = None,
+        deprovisioned: Callable[[Plan], Awaitable[None]] | None = None,
     ) -> None:
         self.db = db
         self.journal = Journal(db)
@@ -92,6 +94,7 @@ class Executor:
         self._env = dict(base_env or {})
         self._retry_base = retry_base_seconds
         self.upgrade = upgrade
+        self._deprovisioned = deprovisioned  # a reset plan's steps all ran: the agent goes
         self._wake = asyncio.Event()
         self._plan: Plan | None = None
         saved = db.get_meta("plan")
@@ -181,6 +184,8 @@ class Executor:
         await self._upgrade_between_steps(plan)
         self.state = "succeeded"
         log.info("plan complete", steps=len(plan.steps), digest=plan.digest[:12])
+        if plan.deprovision and self._deprovisioned is not None:
+            await self._deprovisioned(plan)  # reports the reset, then the agent removes itself
 
     async def _upgrade_between_steps(self, plan: Plan) -> None:
         """Move to the plan's agent version before the next step (never in the middle of one); once

@@ -1,7 +1,7 @@
 """``tether-agent``: the node agent's command line.
 
 TETHER_JOIN_TOKEN=TOKEN tether-agent run [--config FILE] [--controller HOST:PORT --ca-hash sha256:HEX]
-                 [--state-dir DIR] [--node-name NAME] [--metrics-textfile FILE.prom]
+                 [--state-dir DIR] [--node-name NAME]
 tether-agent run --state-dir DIR          (enrolled: the controller address is remembered there)
 tether-agent validate-config [--config FILE] [flags]
 tether-agent status [--state-dir DIR]
@@ -60,12 +60,6 @@ def _parser() -> argparse.ArgumentParser:
         sp.add_argument("--backoff-max-seconds", type=float, help="longest wait between reconnect attempts")
         sp.add_argument("--reboot-command", help="command that reboots the node (default: systemctl reboot)")
         sp.add_argument("--log-level", help="debug, info, warning or error")
-        sp.add_argument(
-            "--metrics-textfile",
-            type=Path,
-            help="write the agent's metrics here every heartbeat (a .prom file in node-exporter's "
-            "textfile directory)",
-        )
 
     run = sub.add_parser("run", help="enroll if needed, then pull and run the plan")
     config_flags(run)
@@ -95,16 +89,16 @@ def _load_config(args: argparse.Namespace) -> AgentConfig:
         "backoff_max_seconds": args.backoff_max_seconds,
         "reboot_command": args.reboot_command,
         "log_level": args.log_level,
-        "metrics_textfile": args.metrics_textfile,
     }
     return load(path, overrides, os.environ)
 
 
-async def _run(config: AgentConfig) -> bool:
+async def _run(config: AgentConfig, config_file: Path | None = None) -> bool:
     """Run the agent until a signal; True when it enrolled and should exec itself again."""
     from nodeagent.session import Agent
 
     agent = Agent(config)
+    agent.config_file = config_file  # a reset removes it
     agent.reexec_after_enrolling = True
     task = asyncio.create_task(agent.run())
     loop = asyncio.get_running_loop()
@@ -113,6 +107,14 @@ async def _run(config: AgentConfig) -> bool:
     with contextlib.suppress(asyncio.CancelledError):
         await task
     return agent.reexec and not task.cancelled()
+
+
+def _config_file(args: argparse.Namespace) -> Path | None:
+    """The config file this run reads (``--config``, else the default one if it exists)."""
+    path: Path | None = args.config
+    if path is None and DEFAULT_CONFIG.exists():
+        path = DEFAULT_CONFIG
+    return path.absolute() if path is not None else None
 
 
 def scrubbed_argv(argv: list[str]) -> list[str]:
@@ -184,11 +186,11 @@ def main(argv: list[str] | None = None) -> int:
     logs.configure(config.log_level)
     _use_pidfd_child_watcher()
     try:
-        if asyncio.run(_run(config)):
+        if asyncio.run(_run(config, _config_file(args))):
             _reexec()
     except AgentError as exc:
         print(f"tether-agent: {exc}", file=sys.stderr)
-        return 2
+        return exc.exit_code  # 77: revoked, 78: reset (the unit restarts neither)
     except KeyboardInterrupt:
         return 130
     return 0

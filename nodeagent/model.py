@@ -143,6 +143,9 @@ class Plan:
     role: str = ""
     digest: str = ""
     agent: AgentTarget | None = None
+    # A reset: run these steps (leave the cluster), then the agent removes itself, its config and
+    # state (``nodeagent.deprovision``).
+    deprovision: bool = False
 
     @staticmethod
     def build(
@@ -152,6 +155,7 @@ class Plan:
         environment: str = "",
         role: str = "",
         agent: AgentTarget | None = None,
+        deprovision: bool = False,
     ) -> Plan:
         sealed = tuple(s if s.digest else s.sealed() for s in steps)
         names = [s.name for s in sealed]
@@ -159,6 +163,7 @@ class Plan:
             dupes = sorted({n for n in names if names.count(n) > 1})
             raise ValueError(f"duplicate step names in plan: {', '.join(dupes)}")
         lines = [s.digest for s in sealed] + ([f"agent {agent.version} {agent.sha256}"] if agent else [])
+        lines += ["deprovision"] if deprovision else []
         digest = hashlib.sha256("\n".join(lines).encode()).hexdigest()
         return Plan(
             steps=sealed,
@@ -167,6 +172,7 @@ class Plan:
             role=role,
             digest=digest,
             agent=agent,
+            deprovision=deprovision,
         )
 
     def step(self, name: str) -> Step | None:

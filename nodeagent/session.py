@@ -24,16 +24,23 @@ from typing import Any
 
 import grpc
 
-from nodeagent import __version__, bundlefetch, facts, logs, systemd, textfile, wire
+from nodeagent import __version__, bundlefetch, deprovision, facts, logs, systemd, wire
 from nodeagent.certinfo import read_certinfo
 from nodeagent.channel import secure_channel
 from nodeagent.config import AgentConfig
 from nodeagent.enroll import enroll
-from nodeagent.errors import AgentError, ControllerUnavailable, EnrollError, IdentityError
+from nodeagent.errors import (
+    AgentError,
+    ControllerUnavailable,
+    EnrollError,
+    IdentityError,
+    NodeReset,
+    NodeRevoked,
+)
 from nodeagent.executor import Executor, scripts_dir
 from nodeagent.identity import Identity, IdentityStore, make_csr
 from nodeagent.limits import EVENT_BATCH_COUNT
-from nodeagent.model import AgentTarget, Event, EventKind, Step
+from nodeagent.model import AgentTarget, Event, EventKind, Plan, Step
 from nodeagent.renewal import RenewalRule
 from nodeagent.runner import Runner
 from nodeagent.secrets import PROCESS_REDACTOR
@@ -115,8 +122,6 @@ class Agent:
         self._unacked_secrets: dict[str, tuple[int, int, wire.pb.StepSecrets]] = {}
         self._secrets_serial = 0
         self._streaming = False
-        self.last_connected = 0.0  # Unix time the stream was last seen up (the metrics textfile)
-        self.textfile = textfile.TextfileWriter(config.metrics_textfile) if config.metrics_textfile else None
         self._ready_sent = False
         self.supervisor = Supervisor(self.state_dir)
         self._renewal = RenewalRule()
@@ -124,6 +129,12 @@ class Agent:
         self.reexec = False
         self.restarting_into = ""  # the version this agent exits to be restarted into
         self._upgrading = asyncio.Event()
+        # A reset (Plan.deprovision): its last event is out, then the agent removes itself.
+        self.config_file: Path | None = None  # the config it was started with (removed by a reset)
+        self._reset_reported = False
+        self._forgotten = False  # the controller refuses this node after its reset: it was heard
+        self._reset_finished = asyncio.Event()
+        self.reset_done = False
         self._tasks_running = 0
         self._no_task = asyncio.Event()
         self._no_task.set()
@@ -145,6 +156,7 @@ class Agent:
             on_events=self._kick.set,
             on_secrets=self._on_step_secrets,
             upgrade=self.upgrader,
+            deprovisioned=self._finish_reset,
         )
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -173,21 +185,61 @@ class Agent:
             self._set_state(AgentState.DRAINING)
             await self.supervisor.stop()
             self.db.close()
+        if self.reset_done:
+            await self._remove_self()
 
     async def _until_stopped(self) -> None:
         """Until a watched task fails (its error is raised) or the agent restarts into a new version."""
         failed = asyncio.ensure_future(self.supervisor.wait())
         upgrading = asyncio.ensure_future(self._upgrading.wait())
+        reset = asyncio.ensure_future(self._reset_finished.wait())
         try:
-            await asyncio.wait({failed, upgrading}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({failed, upgrading, reset}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             upgrading.cancel()
+            reset.cancel()
             if not failed.done():
                 failed.cancel()
         if failed.done() and not failed.cancelled():
             failed.result()  # raises the failure
+        if self.reset_done:
+            return  # the controller holds the reset's last event: the agent removes itself now
         log.info("exiting to be restarted into the new agent version", version=self.restarting_into)
         await self._drain_outbox(10.0)  # the controller hears why the stream goes away
+
+    async def _finish_reset(self, plan: Plan) -> None:
+        """Every step of a reset plan ran: say so, wait (bounded) until the controller holds it,
+        then stop the agent, which removes itself (``_remove_self``)."""
+        self._reset_reported = True
+        self.executor.emit(
+            Event(
+                kind=EventKind.INFO,
+                step=deprovision.RESET_DONE_STEP,
+                plan_generation=plan.generation,
+                message="reset done: the agent removes its unit, config and state",
+            )
+        )
+        for _ in range(int(deprovision.REPORT_SECONDS / 0.1)):  # also across a reconnect
+            if not self.executor.outbox.count() or self._forgotten:
+                break
+            await asyncio.sleep(0.1)
+        if self.executor.outbox.count() and not self._forgotten:
+            log.warning("the controller did not confirm the reset in time; the agent removes itself anyway")
+        self.reset_done = True
+        self._reset_finished.set()
+        await asyncio.Event().wait()  # until the agent stops
+
+    async def _remove_self(self) -> None:
+        """Remove the unit, install, config and state (the state database is closed by now)."""
+        node = self.identity.node_name if self.identity else "this node"
+        removal = await asyncio.to_thread(
+            deprovision.plan_removal, self.state_dir, self.config_file, install=Install.find()
+        )
+        problems = await asyncio.to_thread(deprovision.remove, removal)
+        for problem in problems:
+            log.warning("could not remove", what=problem)
+        left = f" (could not remove: {'; '.join(problems)})" if problems else ""
+        raise NodeReset(f"node {node} was reset: removed {removal.describe()}{left}")
 
     def _restart_for_upgrade(self, version: str) -> None:
         self.restarting_into = version
@@ -290,9 +342,19 @@ class Agent:
                 log.info("stream closed by the controller; reconnecting")
             except grpc.aio.AioRpcError as exc:
                 hint = retry_hint(exc)
-                if exc.code() in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED):
+                if exc.code() == grpc.StatusCode.PERMISSION_DENIED:
+                    # Refused at Connect only for a revoked or deleted node (a superseded certificate
+                    # is UNAUTHENTICATED, a restarting controller UNAVAILABLE): nothing to retry.
+                    log.error("controller refused this node", code=exc.code().name, error=exc.details())
+                    if self._reset_reported:
+                        self._forgotten = True  # it forgot the node after hearing of its reset
+                        await asyncio.Event().wait()
+                    name = self.identity.node_name if self.identity else self.config.node_name
+                    raise NodeRevoked(name) from None
+                if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
                     log.error("controller refused this node", code=exc.code().name, error=exc.details())
                 else:
+
                     log.warning(
                         "stream lost", code=exc.code().name, error=exc.details(), retry_in=hint or None
                     )
@@ -329,7 +391,6 @@ class Agent:
             self.executor.outbox.start_at(stored + 1)
             self.executor.outbox.ack(stored)
             self._streaming = True
-            self.last_connected = time.time()
             self._set_state(AgentState.STREAMING)
             await self._remember_controller()
             log.info(
@@ -556,34 +617,7 @@ class Agent:
                     log.warning("health probe failed", error=str(exc))
                 if self.identity is not None:
                     self._maybe_renew(self.identity)  # a stream can outlive two thirds of a certificate
-            self._write_metrics()
             await asyncio.sleep(self.heartbeat)
-
-    def _write_metrics(self) -> None:
-        """The metrics textfile, when configured (a failure is logged by the writer, once)."""
-        if self.textfile is None:
-            return
-        if self._streaming:
-            self.last_connected = time.time()
-        plan, identity = self.executor.plan, self.identity
-        try:
-            steps = textfile.step_counts(plan, self.executor.journal)
-            pending = self.executor.outbox.count()
-        except sqlite3.Error as exc:
-            log.warning("metrics textfile not written", error=str(exc))
-            return
-        self.textfile.write(
-            textfile.AgentFigures(
-                version=__version__,
-                environment=identity.environment if identity else "",
-                role=identity.role if identity else "",
-                steps=steps,
-                outbox_pending=pending,
-                connected=self._streaming,
-                last_connected=self.last_connected,
-                plan_generation=plan.generation if plan else 0,
-            )
-        )
 
     async def _watchdog_loop(self) -> None:
         interval = systemd.watchdog_interval() or 10.0

@@ -76,6 +76,7 @@ def plan_to_pb(p: Plan) -> common_pb2.Plan:
         agent=common_pb2.AgentTarget(version=p.agent.version, sha256=p.agent.sha256, size=p.agent.size)
         if p.agent
         else None,
+        deprovision=p.deprovision,
     )
 
 
@@ -88,6 +89,7 @@ def plan_from_pb(m: common_pb2.Plan) -> Plan:
         role=m.role,
         digest=m.digest,
         agent=AgentTarget(agent.version, agent.sha256, agent.size) if agent else None,
+        deprovision=m.deprovision,
     )
 
 

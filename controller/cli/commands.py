@@ -79,10 +79,19 @@ def env_list(args: argparse.Namespace) -> int:
 
 
 def env_delete(args: argparse.Namespace) -> int:
-    Session(args).call(
-        "DeleteEnvironment", wire.admin.DeleteEnvironmentRequest(name=args.name, force=args.force)
+    session = Session(args)
+    session.call(
+        "DeleteEnvironment",
+        wire.admin.DeleteEnvironmentRequest(name=args.name, force=args.force, reset=args.reset),
     )
-    print(f"environment/{args.name} deleted")
+    try:
+        session.stub.GetEnvironment(wire.admin.GetEnvironmentRequest(name=args.name), timeout=args.timeout)
+    except grpc.RpcError as exc:
+        if exc.code() != grpc.StatusCode.NOT_FOUND:
+            raise explain(exc, session.conf.controller) from None
+        print(f"environment/{args.name} deleted")
+        return 0
+    print(f"environment/{args.name}: its nodes are being reset; it is deleted once the last one is gone")
     return 0
 
 

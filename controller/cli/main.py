@@ -5,6 +5,8 @@
     tetherctl env render -f ENV.yaml [--role R] [--os OS] [--gpu|--no-gpu] [--out DIR]   (offline)
     tetherctl token create --env NAME --role ROLE [--ttl 15m] [--uses 1] [--print-join-command]
     tetherctl node list | describe NAME | revoke NAME | rerun NAME [--step S]
+    tetherctl node delete NAME [--force] | reset NAME [--wait]
+    tetherctl env delete NAME [--force | --reset]
     tetherctl env diff -f ENV.yaml [-o json]       (exit 0: no change, 1: some node changes)
     tetherctl rollout status|pause|resume|abort|undo --env NAME
     tetherctl wait (--env NAME | --node NAME ...) --for provisioned [--timeout 10m]
@@ -24,7 +26,7 @@ from collections.abc import Callable
 
 import grpc
 
-from controller.cli import bootstrap_cmd, cluster_cmd, commands, rollout_cmd, waiting
+from controller.cli import bootstrap_cmd, cluster_cmd, commands, node_cmd, rollout_cmd, waiting
 from controller.cli.client import CliError, explain
 from nodeagent.limits import MAX_DOCUMENT_BYTES
 
@@ -79,7 +81,10 @@ def _parser() -> argparse.ArgumentParser:
     ls.set_defaults(func=commands.env_list)
     d = env.add_parser("delete", help="delete an environment")
     d.add_argument("name")
-    d.add_argument("--force", action="store_true", help="even if nodes are still enrolled")
+    d.add_argument("--force", action="store_true", help="even if nodes are still enrolled: they are revoked")
+    d.add_argument(
+        "--reset", action="store_true", help="reset its nodes first (node reset); it goes once they have"
+    )
     d.set_defaults(func=commands.env_delete)
     v = env.add_parser("validate", help="check an Environment file offline (no controller needed)")
     v.add_argument("-f", "--file", required=True)
@@ -141,6 +146,7 @@ def _parser() -> argparse.ArgumentParser:
     nx.add_argument("name")
     nx.add_argument("--step", action="append", default=[], help="step name (repeatable; default: all)")
     nx.set_defaults(func=commands.node_rerun)
+    node_cmd.add_verbs(node)
 
     ev = sub.add_parser("events", help="a node's events, in order")
     ev.add_argument("--node", default="")

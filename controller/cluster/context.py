@@ -17,7 +17,11 @@ DRAIN_GATE = "cluster-drain"
 UNCORDON_GATE = "cluster-uncordon"
 DRAIN_STEP = "drain"
 UNCORDON_STEP = "uncordon"
-DRAIN_GATES = {DRAIN_STEP: DRAIN_GATE, UNCORDON_STEP: UNCORDON_GATE}
+# A reset (``tetherctl node reset``): after kubeadm reset, another control plane deletes the node.
+DELETE_NODE_GATE = "cluster-delete-node"
+DELETE_NODE_STEP = "delete-node"
+# The gated steps a control plane's kubectl task answers (controller.cluster.drain).
+DRAIN_GATES = {DRAIN_STEP: DRAIN_GATE, UNCORDON_STEP: UNCORDON_GATE, DELETE_NODE_STEP: DELETE_NODE_GATE}
 # What the controller releases those gates with (plain environment: nothing secret).
 GATE_RESULT = "TETHER_GATE_RESULT"  # "done", or anything else: the step fails with the message
 GATE_MESSAGE = "TETHER_GATE_MESSAGE"

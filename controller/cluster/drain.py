@@ -1,4 +1,6 @@
 """The drain and uncordon gates (``spec.rollout.drain``): a node's disruptive steps run between them.
+A reset's plan (``controller.render.deprovision``) uses the drain gate too, and a delete-node gate
+after ``kubeadm reset``, answered by another control plane's ``kubectl delete node``.
 
 A node that has not joined its cluster has nothing to drain: both gates open at once. Otherwise a
 one-off task goes to a connected, joined control plane (another one than the node when there is
@@ -18,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from controller import wire
-from controller.cluster.context import GATE_DONE, GATE_MESSAGE, GATE_RESULT
+from controller.cluster.context import DELETE_NODE_STEP, GATE_DONE, GATE_MESSAGE, GATE_RESULT
 from controller.cluster.scripts import drain_task
 from controller.hub import Hub
 from controller.store import NodeRecord
@@ -59,6 +61,7 @@ class Drainer:
         live: Callable[[str], NodeRecord | None],
         member: Callable[[str], bool],
         runner: Callable[[str, str], str | None],
+        others: Callable[[str, str], bool] = lambda env, node: False,
         timeout_seconds: int = DRAIN_TIMEOUT_S,
         lost_after_seconds: float = 0.0,
     ) -> None:
@@ -66,6 +69,7 @@ class Drainer:
         self._live = live
         self._member = member
         self._runner = runner
+        self._others = others  # (env, node): the cluster has control planes besides the node
         self._timeout = timeout_seconds
         # A task is given up once its own timeout (kubectl's plus a minute) and a grace period passed.
         self._lost_after = lost_after_seconds or timeout_seconds + 60 + ANSWER_GRACE_S
@@ -133,7 +137,18 @@ class Drainer:
 
     def _dispatch(self, pending: _Pending) -> None:
         runner = self._runner(pending.environment, pending.node)
+        if pending.action == DELETE_NODE_STEP and runner == pending.node:
+            runner = None  # its API server went with kubeadm reset: another control plane deletes it
+        if (
+            runner is None
+            and pending.action == DELETE_NODE_STEP
+            and not self._others(pending.environment, pending.node)
+        ):
+            why = f"{pending.node} was the cluster's last control plane: no node object is left to delete"
+            self._finish(pending, True, why)
+            return
         if runner is None:
+
             log.warning(
                 "no joined control plane is connected to run kubectl; the gate waits",
                 node=pending.node,

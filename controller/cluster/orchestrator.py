@@ -113,7 +113,9 @@ class Orchestrator:
         self._material: dict[str, JoinMaterial] = {}
         self._specs: dict[tuple[str, int], ClusterSpec | None] = {}
         self._labelling: dict[str, float] = {}  # node -> when its label task was sent
-        self._drain = Drainer(hub, live=self._live, member=self._member, runner=self._kubectl_runner)
+        self._drain = Drainer(
+            hub, live=self._live, member=self._member, runner=self._kubectl_runner, others=self._other_cps
+        )
 
     # -- spec and placement -------------------------------------------------------------------
 
@@ -449,6 +451,17 @@ class Orchestrator:
         if rec is None:
             return False
         return self._joined(node) or self._store.kv_get(_key(rec.environment, f"member/{node}")) is not None
+
+    def member(self, node: str) -> bool:
+        """Whether ``node`` has joined its kubeadm cluster (what a reset has to undo)."""
+        return self._member(node)
+
+    def _other_cps(self, env: str, node: str) -> bool:
+        """The cluster has joined, unrevoked control planes besides ``node`` (connected or not)."""
+        return any(
+            n.name != node and n.role == Role.CONTROL_PLANE.value and not n.revoked and self._member(n.name)
+            for n in self._store.list_nodes(env)
+        )
 
     def _kubectl_runner(self, env: str, node: str) -> str | None:
         """A connected, joined control plane to run kubectl for ``node``: another one than the

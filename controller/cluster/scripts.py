@@ -68,12 +68,14 @@ if ! out=$(kubectl get node "$NODE" -o name 2>&1); then
   printf '%s\\n' "$out" >&2
   exit 1
 fi
-if [ "$ACTION" = drain ]; then
-  kubectl cordon "$NODE"
-  kubectl drain "$NODE" --ignore-daemonsets --delete-emptydir-data --timeout="${DRAIN_TIMEOUT}s"
-else
-  kubectl uncordon "$NODE"
-fi
+case $ACTION in
+  drain)
+    kubectl cordon "$NODE"
+    kubectl drain "$NODE" --ignore-daemonsets --delete-emptydir-data --timeout="${DRAIN_TIMEOUT}s"
+    ;;
+  uncordon) kubectl uncordon "$NODE" ;;
+  delete-node) kubectl delete node "$NODE" ;;
+esac
 echo "node $NODE: $ACTION done"
 """
 
@@ -108,12 +110,20 @@ def label_task(node: str, *, role: str, labels: Mapping[str, str], untaint: bool
     ).sealed()
 
 
+_WHAT = {
+    "drain": "drain a node around its disruptive steps",
+    "uncordon": "uncordon a node after its disruptive steps",
+    "delete-node": "delete a node that left the cluster (kubeadm reset ran on it)",
+}
+
+
 def drain_task(node: str, *, action: str, nonce: str, timeout_seconds: int) -> Step:
-    """``kubectl cordon`` and ``drain`` (action "drain") or ``uncordon`` a node, run on a control
-    plane. ``nonce`` makes each task's digest its own, so its events answer this task only."""
-    if action not in ("drain", "uncordon"):
+    """``kubectl cordon`` and ``drain`` (action "drain"), ``uncordon``, or ``delete node`` (action
+    "delete-node", a reset) a node, run on a control plane. ``nonce`` makes each task's digest its
+    own, so its events answer this task only."""
+    if action not in _WHAT:
         raise ValueError(f"unknown action {action!r}")
-    script = _PREAMBLE.format(what=f"{action} a node around its disruptive steps") + _DRAIN
+    script = _PREAMBLE.format(what=_WHAT[action]) + _DRAIN
     return Step(
         name=f"{action}-{node}",
         script=script,

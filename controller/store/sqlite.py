@@ -612,6 +612,16 @@ class SqliteStore:
 
         await self._write(fn)
 
+    async def delete_node(self, name: str) -> bool:
+        """Forget a node: its record, its steps and every event it reported, in one transaction."""
+
+        def fn(conn: sqlite3.Connection) -> bool:
+            conn.execute("DELETE FROM node_steps WHERE node=?", (name,))
+            conn.execute("DELETE FROM events WHERE node=?", (name,))
+            return conn.execute("DELETE FROM nodes WHERE name=?", (name,)).rowcount > 0
+
+        return await self._write(fn)
+
     # -- events -------------------------------------------------------------------------------
 
     async def append_events(self, node: str, events: Sequence[Event]) -> int:

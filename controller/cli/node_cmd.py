@@ -1,0 +1,101 @@
+"""tetherctl node delete | reset: let a node go (forget it, or deprovision it first).
+
+    tetherctl node delete NAME [--force]     the record and history go (--force: a connected node)
+    tetherctl node reset NAME [--wait]       leave the cluster, remove the agent, then forget it
+
+``node reset --wait`` exits 0 once the node is gone, 1 when a reset step failed (the node stays:
+``node reset`` again retries what failed, ``node delete --force`` gives up on it), 2 on timeout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+import grpc
+
+from controller import tokens, wire
+from controller.cli.client import CliError, Session
+
+POLL_SECONDS = 1.0
+EXIT_FAILED, EXIT_TIMEOUT = 1, 2
+
+
+def add_verbs(node: Any) -> None:
+    """The verbs on ``tetherctl node`` (its subparsers)."""
+    d = node.add_parser("delete", help="forget a node: its record, steps and events")
+    d.add_argument("name")
+    d.add_argument(
+        "--force", action="store_true", help="also a connected node: it is revoked first (its agent stops)"
+    )
+    d.set_defaults(func=delete)
+    r = node.add_parser(
+        "reset",
+        help="deprovision a node: leave the cluster, remove the agent, its config and state; then forget it",
+    )
+    r.add_argument("name")
+    r.add_argument("--wait", action="store_true", help="until the node is gone (or a reset step failed)")
+    r.add_argument("--wait-timeout", default="30m", help="with --wait: give up after this long (default 30m)")
+    r.set_defaults(func=reset)
+
+
+def delete(args: argparse.Namespace) -> int:
+    Session(args).call("DeleteNode", wire.admin.DeleteNodeRequest(name=args.name, force=args.force))
+    print(f"node/{args.name} deleted")
+    return 0
+
+
+def reset(args: argparse.Namespace) -> int:
+    try:
+        limit = tokens.parse_duration(args.wait_timeout)
+    except ValueError as exc:
+        raise CliError(f"--wait-timeout: {exc}", exit_code=EXIT_TIMEOUT) from None
+    session = Session(args)
+    session.call("ResetNode", wire.admin.ResetNodeRequest(name=args.name))
+    if not args.wait:
+        print(f"node/{args.name} reset started (tetherctl node describe {args.name} shows its steps)")
+        return 0
+    return wait_gone(session, args.name, limit)
+
+
+def wait_gone(session: Session, name: str, limit_s: float) -> int:
+    """Until the controller has forgotten ``name`` (0), a reset step failed (1) or time ran out (2)."""
+    deadline = time.monotonic() + limit_s
+    shown = ""
+    while True:
+        node = _get(session, name)
+        if node is None:
+            print(f"node/{name} reset: the node left and is forgotten")
+            return 0
+        failed = next((s for s in node.steps if s.state == "failed"), None)
+        if failed is not None:
+            print(
+                f"tetherctl: node {name}: reset step {failed.name} failed: "
+                f"{failed.message or f'exit code {failed.exit_code}'} (tetherctl events --node {name}); "
+                f"node reset {name} runs it again, node delete {name} --force gives up",
+                file=sys.stderr,
+            )
+            return EXIT_FAILED
+        running = next((s.name for s in node.steps if s.state not in ("succeeded", "skipped")), "")
+        status = f"{node.state}, at step {running}" if running else node.state
+        if status != shown:
+            print(f"node/{name}: {status}", file=sys.stderr)
+            shown = status
+        if time.monotonic() >= deadline:
+            print(f"tetherctl: node {name} is still there after {limit_s:g}s ({status})", file=sys.stderr)
+            return EXIT_TIMEOUT
+        time.sleep(POLL_SECONDS)
+
+
+def _get(session: Session, name: str) -> Any:
+    try:
+        return session.stub.GetNode(wire.admin.GetNodeRequest(name=name), timeout=session.timeout)
+    except grpc.RpcError as exc:
+        if exc.code() == grpc.StatusCode.NOT_FOUND:
+            return None
+        raise
+
+
+__all__ = ["add_verbs"]
