@@ -1,7 +1,7 @@
 """``tether-agent``: the node agent's command line.
 
 TETHER_JOIN_TOKEN=TOKEN tether-agent run [--config FILE] [--controller HOST:PORT --ca-hash sha256:HEX]
-                 [--state-dir DIR] [--node-name NAME]
+                 [--state-dir DIR] [--node-name NAME] [--metrics-textfile FILE.prom]
 tether-agent run --state-dir DIR          (enrolled: the controller address is remembered there)
 tether-agent validate-config [--config FILE] [flags]
 tether-agent status [--state-dir DIR]
@@ -60,6 +60,12 @@ def _parser() -> argparse.ArgumentParser:
         sp.add_argument("--backoff-max-seconds", type=float, help="longest wait between reconnect attempts")
         sp.add_argument("--reboot-command", help="command that reboots the node (default: systemctl reboot)")
         sp.add_argument("--log-level", help="debug, info, warning or error")
+        sp.add_argument(
+            "--metrics-textfile",
+            type=Path,
+            help="write the agent's metrics here every heartbeat (a .prom file in node-exporter's "
+            "textfile directory)",
+        )
 
     run = sub.add_parser("run", help="enroll if needed, then pull and run the plan")
     config_flags(run)
@@ -89,6 +95,7 @@ def _load_config(args: argparse.Namespace) -> AgentConfig:
         "backoff_max_seconds": args.backoff_max_seconds,
         "reboot_command": args.reboot_command,
         "log_level": args.log_level,
+        "metrics_textfile": args.metrics_textfile,
     }
     return load(path, overrides, os.environ)
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import grpc
 
-from nodeagent import __version__, bundlefetch, deprovision, facts, logs, systemd, wire
+from nodeagent import __version__, bundlefetch, deprovision, facts, logs, systemd, textfile, wire
 from nodeagent.certinfo import read_certinfo
 from nodeagent.channel import secure_channel
 from nodeagent.config import AgentConfig
@@ -122,6 +122,8 @@ class Agent:
         self._unacked_secrets: dict[str, tuple[int, int, wire.pb.StepSecrets]] = {}
         self._secrets_serial = 0
         self._streaming = False
+        self.last_connected = 0.0  # Unix time the stream was last seen up (the metrics textfile)
+        self.textfile = textfile.TextfileWriter(config.metrics_textfile) if config.metrics_textfile else None
         self._ready_sent = False
         self.supervisor = Supervisor(self.state_dir)
         self._renewal = RenewalRule()
@@ -354,7 +356,6 @@ class Agent:
                 if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
                     log.error("controller refused this node", code=exc.code().name, error=exc.details())
                 else:
-
                     log.warning(
                         "stream lost", code=exc.code().name, error=exc.details(), retry_in=hint or None
                     )
@@ -391,6 +392,7 @@ class Agent:
             self.executor.outbox.start_at(stored + 1)
             self.executor.outbox.ack(stored)
             self._streaming = True
+            self.last_connected = time.time()
             self._set_state(AgentState.STREAMING)
             await self._remember_controller()
             log.info(
@@ -617,7 +619,34 @@ class Agent:
                     log.warning("health probe failed", error=str(exc))
                 if self.identity is not None:
                     self._maybe_renew(self.identity)  # a stream can outlive two thirds of a certificate
+            self._write_metrics()
             await asyncio.sleep(self.heartbeat)
+
+    def _write_metrics(self) -> None:
+        """The metrics textfile, when configured (a failure is logged by the writer, once)."""
+        if self.textfile is None:
+            return
+        if self._streaming:
+            self.last_connected = time.time()
+        plan, identity = self.executor.plan, self.identity
+        try:
+            steps = textfile.step_counts(plan, self.executor.journal)
+            pending = self.executor.outbox.count()
+        except sqlite3.Error as exc:
+            log.warning("metrics textfile not written", error=str(exc))
+            return
+        self.textfile.write(
+            textfile.AgentFigures(
+                version=__version__,
+                environment=identity.environment if identity else "",
+                role=identity.role if identity else "",
+                steps=steps,
+                outbox_pending=pending,
+                connected=self._streaming,
+                last_connected=self.last_connected,
+                plan_generation=plan.generation if plan else 0,
+            )
+        )
 
     async def _watchdog_loop(self) -> None:
         interval = systemd.watchdog_interval() or 10.0
