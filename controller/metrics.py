@@ -207,16 +207,20 @@ class LoopView:
 
     connected: frozenset[str]
     rollouts: tuple[RolloutView, ...]
+    environments: tuple[str, ...] = ()
 
 
 def loop_view(app: App) -> LoopView:
+    """The connected nodes, the environments and their latest rollouts (run on the loop)."""
     rollouts = []
-    for env in app.store.list_environments():
+    environments = app.store.list_environments()
+    for env in environments:
         r = app.rollouts.get(env.name)
         if r is not None:
             stages = Tally(p.stage for p in r.nodes.values())
             rollouts.append(RolloutView(env.name, r.status, r.generation, dict(stages)))
-    return LoopView(frozenset(s.node for s in app.hub.sessions()), tuple(rollouts))
+    connected = frozenset(s.node for s in app.hub.sessions())
+    return LoopView(connected, tuple(rollouts), tuple(e.name for e in environments))
 
 
 def read_only(db_path: Path) -> sqlite3.Connection:
@@ -272,16 +276,18 @@ class FleetCollector(Collector):
         scan.add_metric([], time.monotonic() - started)
         agents = GaugeMetricFamily("tether_agents_connected", "Agents with an open stream.")
         agents.add_metric([], len(view.connected))
-        return [agents, _nodes_family(counts), *_rollout_families(view.rollouts), scan]
+        nodes = _nodes_family(counts, view.environments)
+        return [agents, nodes, *_rollout_families(view.rollouts), scan]
 
 
-def _nodes_family(counts: Tally[tuple[str, str]]) -> GaugeMetricFamily:
+def _nodes_family(counts: Tally[tuple[str, str]], environments: Iterable[str]) -> GaugeMetricFamily:
+    """Every state of every environment (zeros included: an empty environment has its series)."""
     nodes = GaugeMetricFamily(
         "tether_nodes",
         "Nodes by environment and state (as tetherctl shows them).",
         labels=["environment", "state"],
     )
-    for environment in sorted({env for env, _ in counts}):
+    for environment in sorted({env for env, _ in counts} | set(environments)):
         for state in NodeState:
             nodes.add_metric([environment, state.value], counts[(environment, state.value)])
     return nodes

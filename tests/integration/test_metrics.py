@@ -197,3 +197,24 @@ def test_a_taken_metrics_port_fails_the_start_and_leaves_no_state(tmp_path: Path
         == f"tether-controller: cannot listen on 127.0.0.1:{port}: the port is already in use"
     )
     assert not data_dir.exists()
+
+
+def test_grpc_health_answers_the_public_anonymous_identity(metered: tuple[Controller, str]) -> None:
+    """What docs/operations.md tells a probe on the gRPC port to do (no node or admin certificate)."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from controller.adminconf import AdminConfig
+    from nodeagent import anonymous
+
+    controller, _ = metered
+    creds = grpc.ssl_channel_credentials(
+        root_certificates=AdminConfig.read(controller.config).ca_pem,
+        private_key=anonymous.key_pem(),
+        certificate_chain=anonymous.CERT_PEM,
+    )
+    with grpc.secure_channel(controller.address, creds) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        for service in ("", "tether.v1.AgentService"):
+            reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=10)
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING, service

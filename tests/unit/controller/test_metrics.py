@@ -4,7 +4,10 @@ the HTTP listener (/metrics, /healthz, /readyz)."""
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 import socket
+import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -133,6 +136,7 @@ def families(collector: metrics.FleetCollector) -> dict[tuple[str, tuple[tuple[s
 async def app_with_fleet(store: SqliteStore) -> tuple[SimpleNamespace, set[str]]:
     connected, _ = await fleet(store)
     await store.put_environment("e", "doc", "tether/v1", {})
+    await store.put_environment("empty", "doc", "tether/v1", {})
     hub = Hub()
     for name in connected:
         hub.attach(name, "e")
@@ -159,6 +163,7 @@ async def test_fleet_gauges(store: SqliteStore) -> None:
     provisioned = got[("tether_nodes", (("environment", "e"), ("state", "provisioned")))]
     assert provisioned == 3  # connected, not revoked: no steps, all done, failed but continue-on-error
     assert got[("tether_nodes", (("environment", "e"), ("state", "revoked")))] == 16
+    assert got[("tether_nodes", (("environment", "empty"), ("state", "provisioned")))] == 0  # still a series
     assert got[("tether_rollout_state", (("environment", "e"), ("state", "paused")))] == 1
     assert got[("tether_rollout_state", (("environment", "e"), ("state", "progressing")))] == 0
     assert got[("tether_rollout_generation", (("environment", "e"),))] == 3
@@ -351,3 +356,58 @@ def test_a_taken_port_is_one_line(tmp_path: Path) -> None:
         address = f"127.0.0.1:{taken.getsockname()[1]}"
         with pytest.raises(ListenError, match=f"cannot listen on {address} for metrics"):
             metrics.MetricsListener(address, tmp_path / "t.db")
+
+
+# -- the Grafana dashboard -------------------------------------------------------------------
+
+DASHBOARD = Path(__file__).parents[3] / "packaging" / "grafana" / "tether.json"
+
+
+def exported_names() -> set[str]:
+    """Every series name the controller's /metrics and the agent's textfile can hold."""
+    from nodeagent.textfile import AgentFigures, render
+
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum"), "gauge": ("",)}
+    names = {f"{fam.name}{x}" for fam in metrics.REGISTRY.collect() for x in suffixes.get(fam.type, ("",))}
+    names |= {"tether_agents_connected", "tether_nodes", "tether_nodes_scan_duration_seconds"}
+    names |= {"tether_rollout_state", "tether_rollout_generation", "tether_rollout_nodes"}
+    names |= {line.split()[2] for line in render(AgentFigures("1")).splitlines() if line.startswith("# TYPE")}
+    return names
+
+
+def dashboard_exprs() -> list[str]:
+    doc = json.loads(DASHBOARD.read_text())
+    return [t["expr"] for p in doc["panels"] for t in p.get("targets", ())]
+
+
+def test_the_dashboard_uses_only_exported_names() -> None:
+    exprs = dashboard_exprs()
+    used = {n for e in exprs for n in re.findall(r"\b((?:tether|process)_[a-z_]+)\b", e)}
+    assert len(exprs) > 20 and used
+    assert used - exported_names() == set()
+    for name in ("tether_agents_connected", "tether_nodes", "tether_step_duration_seconds_bucket"):
+        assert name in used
+
+
+def test_the_dashboard_queries_are_promql(tmp_path: Path) -> None:
+    from tests.unit.nodeagent.test_textfile import promtool
+
+    exe = promtool()
+    rules = {
+        "groups": [
+            {
+                "name": "dashboard",
+                "rules": [
+                    {
+                        "record": f"dashboard:q{i}",
+                        "expr": e.replace("$__rate_interval", "5m").replace("$", ""),
+                    }
+                    for i, e in enumerate(dashboard_exprs())
+                ],
+            }
+        ]
+    }
+    path = tmp_path / "rules.yaml"
+    path.write_text(json.dumps(rules))
+    out = subprocess.run([exe, "check", "rules", str(path)], capture_output=True, text=True, check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
