@@ -21,6 +21,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "build_deb.py"
@@ -75,12 +76,11 @@ def debs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     tmp = tmp_path_factory.mktemp("deb")
     wheels = tmp / "wheels"
     wheels.mkdir()
-    work = tmp / "project"
-    work.mkdir()
-    info = build_deb.wheel_info(build_deb.project_wheel(work))
+    # The project wheel's Requires-Dist (what the build pins) are pyproject's dependencies.
+    requires = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     from bootstrap.bundle import pinned_requirements
 
-    for requirement in {build_deb.pinned(r) for r in info.requires} | set(pinned_requirements()):
+    for requirement in {build_deb.pinned(r) for r in requires} | set(pinned_requirements()):
         fake_wheel(wheels, requirement)
     env = {k: v for k, v in os.environ.items() if k not in ("TETHER_WHEEL_DIR", "PIP_FIND_LINKS")}
     env["PIP_NO_INDEX"] = "1"
@@ -171,10 +171,10 @@ def test_controller_unit_is_notify_watchdog_own_user_and_sandboxed() -> None:
         if "=" in line and not line.startswith("#")
     }
     assert lines["Type"] == "notify" and lines["WatchdogSec"] == "1min"
-    assert lines["User"] == "tether" and lines["StateDirectory"] == "tether/controller"
+    assert lines["User"] == "tether" and lines["StateDirectory"] == "tether-controller"
     assert lines["ProtectSystem"] == "strict" and lines["NoNewPrivileges"] == "yes"
     assert lines["CapabilityBoundingSet"] == ""
-    assert "--data-dir /var/lib/tether/controller" in lines["ExecStart"]
+    assert "--data-dir /var/lib/tether-controller" in lines["ExecStart"]
     assert lines["EnvironmentFile"] == "-/etc/tether/controller.env"
 
 
@@ -220,7 +220,7 @@ def test_maintainer_scripts_are_filled_in_and_valid_shell(debs: dict[str, Path],
     controller = extract(debs["tether-controller"], tmp_path / "c2")
     postinst = (controller / "DEBIAN/postinst").read_text()
     assert "adduser --quiet --system --group" in postinst and " tether\n" in postinst
-    assert "install -d -o tether -g tether -m 0700 /var/lib/tether/controller" in postinst
+    assert "install -d -o tether -g tether -m 0700 /var/lib/tether-controller" in postinst
 
 
 def test_fsys_tarball_has_no_files_from_the_build_machine(debs: dict[str, Path]) -> None:
