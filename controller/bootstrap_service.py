@@ -38,7 +38,7 @@ from bootstrap.registry import JoinToken, NodeView
 from bootstrap.transport import Transport
 from controller import tokens, wire
 from controller.app import App
-from controller.errors import InvalidArgument
+from controller.errors import InvalidArgument, NotFound
 from controller.listen import WILDCARDS
 from controller.nodestate import node_state
 from nodeagent import logs
@@ -176,13 +176,18 @@ def event_to_pb(event: BootstrapEvent) -> Any:
 
 
 async def run(app: App, request: Any, who: str) -> AsyncIterator[Any]:
-    """Adopt the machine of ``request``, yielding ``BootstrapEvent`` messages as it goes."""
+    """Adopt the machine of ``request``, yielding ``BootstrapEvent`` messages as it goes.
+
+    An unknown environment or role is refused before the machine is contacted at all.
+    """
     if not request.environment:
         raise InvalidArgument("environment is required")
     try:
         role = Role.parse(request.role or "worker").value
     except ValueError as exc:
         raise InvalidArgument(str(exc)) from None
+    if app.store.get_environment(request.environment) is None:  # refused before any SSH or SSM
+        raise NotFound(f"environment {request.environment!r} not found")
     redactor = Redactor()
     held: list[Secret] = []
     try:

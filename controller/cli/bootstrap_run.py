@@ -14,6 +14,7 @@ import ipaddress
 import json
 import os
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from bootstrap.bundle import BundleBuilder, PipWheels
 from bootstrap.bundle_http import BundleServer
 from bootstrap.delivery import Delivery, Push, S3Presigned, Served
 from bootstrap.errors import BootstrapError
+from bootstrap.finished import finished_line
 from bootstrap.fleet import Machine, adopt_all
 from bootstrap.hostkeys import HostKeyPolicy
 from bootstrap.install import Request, Result
@@ -34,6 +36,7 @@ from bootstrap.transport import Transport
 from controller import wire
 from controller.adminconf import AdminConfig
 from controller.cli.bootstrap_admin import AdminRegistry, aio_channel, remote_adopt
+from controller.cli.bootstrap_checks import check_with_controller
 from controller.cli.client import CliError, config_path
 from nodeagent import logs
 from nodeagent.identity import split_address
@@ -249,6 +252,8 @@ async def _main(args: argparse.Namespace) -> int:
             "--host-key pins the one key to accept: it excludes --known-hosts and --accept-new-host-key"
         )
     entries = _entries(args)
+    started = time.monotonic()
+    await check_with_controller(conf, entries)  # unknown environments: refused before any SSH/SSM
     secrets = _Secrets()
     if args.password_env:
         secrets.password = secrets.add(Secret(_from_env(args.password_env, "password")))
@@ -284,6 +289,7 @@ async def _main(args: argparse.Namespace) -> int:
     else:
         out.write("\n")
         summary(results, out)
+    out.write(finished_line(results, time.monotonic() - started) + "\n")
     return 0 if all(r.outcome.ok for r in results) else 1
 
 
