@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from nodeagent import logs
-from nodeagent.errors import AgentError, StateError, TaskFailed
+from nodeagent.errors import AgentError, NodeReset, NodeRevoked, StateError, TaskFailed
 from nodeagent.secrets import PROCESS_REDACTOR
 from nodeagent.statedb import DB_NAME, corrupt_message, is_corrupt
 
@@ -97,7 +97,10 @@ class Supervisor:
             failure = TaskFailed(line)
             failure.__cause__ = exc
             self._failure = failure
-        log.error("agent task failed; exiting", task=task.get_name(), error=str(self._failure))
+        if isinstance(exc, (NodeRevoked, NodeReset)):  # the agent's exit says it in one line
+            log.info("the controller ended this node; the agent stops", task=task.get_name())
+        else:
+            log.error("agent task failed; exiting", task=task.get_name(), error=str(self._failure))
         self._failed.set()
 
     async def wait(self) -> None:
