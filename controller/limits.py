@@ -53,6 +53,12 @@ PLAN_CACHE_ENTRIES = 256  # rendered plans and plan messages kept
 DRAIN_TIMEOUT_SECONDS = 300  # kubectl drain --timeout; past it and a grace, the drain counts as failed
 DRAIN_MESSAGE_CHARS = 600  # the reason a failed drain gives its gated step, cut to this
 
+# Node resets (controller/resets.py): a reset not reported done by its deadline is given up (the
+# node is revoked and forgotten); a forgotten node's stream stays open a moment, so the ack of its
+# last report goes out. ``tetherctl node reset --wait`` waits as long as the deadline by default.
+RESET_TIMEOUT_SECONDS = 1800
+RESET_CLOSE_GRACE_SECONDS = 5.0
+
 # -- metrics listener (``--metrics-listen``) ---------------------------------------------------
 METRICS_SCAN_MIN_SECONDS = 2.0  # nodes are counted by state at most this often, however many scrapes
 METRICS_PROBE_SECONDS = 2.0  # what a probe waits for the event loop and for the gRPC port

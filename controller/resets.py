@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
+from typing import Any
 
 from controller.app import App
+from controller.limits import RESET_CLOSE_GRACE_SECONDS, RESET_TIMEOUT_SECONDS
 from controller.render.deprovision import render_deprovision
 from controller.store.records import NodeRecord
 from nodeagent import logs
@@ -26,8 +28,6 @@ from nodeagent.model import Event, Plan, Role, now_ms
 
 log = logs.get_logger("tether.controller.resets")
 
-RESET_TIMEOUT_S = 1800  # a reset not reported done by then is given up (the node is forgotten)
-CLOSE_GRACE_S = 5.0  # a forgotten node's stream stays this long, so the ack of its report goes out
 _RESET = "reset/"
 _ENV_DELETE = "env-delete/"
 
@@ -35,7 +35,7 @@ _ENV_DELETE = "env-delete/"
 class Resets:
     """Node deletes and resets; ``timeout_s`` bounds how long a reset may take."""
 
-    def __init__(self, app: App, timeout_s: float = RESET_TIMEOUT_S) -> None:
+    def __init__(self, app: App, timeout_s: float = RESET_TIMEOUT_SECONDS) -> None:
         self.app = app
         self.timeout_s = timeout_s
         self._timers: dict[str, asyncio.TimerHandle] = {}
@@ -92,7 +92,7 @@ class Resets:
             timer.cancel()
         session = app.hub.session(node.name)
         if session is not None:  # the ack of its last event is queued: let it go out first
-            asyncio.get_running_loop().call_later(CLOSE_GRACE_S, session.close)
+            asyncio.get_running_loop().call_later(RESET_CLOSE_GRACE_SECONDS, session.close)
         remaining = app.store.list_nodes(node.environment)
         if left_cluster and not any(n.role == Role.CONTROL_PLANE.value for n in remaining):
             await app.cluster.forget_environment(node.environment)  # its last control plane left
@@ -121,11 +121,15 @@ class Resets:
     # -- what agents report -----------------------------------------------------------------------
 
     async def on_events(self, node: NodeRecord, events: Sequence[Event]) -> None:
-        """The agent's report that its reset steps all ran: forget the node."""
+        """The agent's report that its reset steps all ran: forget the node.
+
+        The report is acknowledged before this runs, and the agent goes once it has the ack: its
+        stream's handler (this caller) is then cancelled. The forgetting is a task of its own, so
+        it is never cut half way (a node record gone but not the environment it took along)."""
         if not any(e.step == RESET_DONE_STEP for e in events) or not self.resetting(node.name):
             return
         log.info("node reset done; the node is forgotten", node=node.name, environment=node.environment)
-        await self.forget(node, left_cluster=True)
+        await asyncio.shield(self._spawn(self.forget(node, left_cluster=True)))
 
     # -- deadlines ----------------------------------------------------------------------------------
 
@@ -147,9 +151,14 @@ class Resets:
         self._timers[name] = asyncio.get_running_loop().call_later(delay, self._expire_soon, name)
 
     def _expire_soon(self, name: str) -> None:
-        task = asyncio.get_running_loop().create_task(self._expire(name))
+        self._spawn(self._expire(name))
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """Run ``coro`` as a task of its own, kept until it ends (a cancelled caller does not stop it)."""
+        task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     async def _expire(self, name: str) -> None:
         self._timers.pop(name, None)
@@ -168,4 +177,4 @@ class Resets:
         await self.forget(node)
 
 
-__all__ = ["RESET_TIMEOUT_S", "Resets"]
+__all__ = ["Resets"]

@@ -2,7 +2,8 @@
 
 The controller's reset plan (``Plan.deprovision``) first runs its steps (leave the cluster); the
 agent then reports the reset done (an event on step ``RESET_DONE_STEP``), waits for the
-controller to hold it, and removes itself here, once its state database is closed.
+controller to hold it (at most ``nodeagent.limits.RESET_REPORT_SECONDS``), and removes itself
+here, once its state database is closed.
 
 Under systemd the agent cannot stop its own unit (``KillMode=control-group``: the stop would kill
 it half way). It does not need to: it disables the unit, removes a unit file that an operator's
@@ -30,7 +31,6 @@ from nodeagent.upgrade import Install
 log = logs.get_logger("tether.agent.deprovision")
 
 RESET_DONE_STEP = "agent:reset"  # the event that says: every reset step ran, the agent goes now
-REPORT_SECONDS = 60.0  # how long the agent waits for the controller to hold that event
 ADMIN_UNIT_DIR = Path("/etc/systemd/system")  # unit files written by tether bootstrap live here
 Run = Callable[[Sequence[str]], int]
 
@@ -158,4 +158,4 @@ def _rmtree(path: Path, problems: list[str]) -> None:
         shutil.rmtree(path, onerror=failed)  # onexc= is 3.12's; nodes run 3.10 and later
 
 
-__all__ = ["REPORT_SECONDS", "RESET_DONE_STEP", "Removal", "plan_removal", "remove", "systemd_unit"]
+__all__ = ["RESET_DONE_STEP", "Removal", "plan_removal", "remove", "systemd_unit"]

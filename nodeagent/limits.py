@@ -50,6 +50,7 @@ def size_text(size: int) -> str:
             return f"{f'{size / unit:.1f}'.removesuffix('.0')} {name}"
     return f"{size} bytes"
 
+
 # Agent upgrades (docs/agent-upgrades.md): one FetchAgentBundle chunk, the largest bundle an agent
 # downloads and stages, how long a new version has to connect and report health before the node
 # goes back to the old one, and how many starts it gets to do so.
@@ -57,3 +58,7 @@ AGENT_BUNDLE_CHUNK_BYTES = 1 * MiB
 AGENT_BUNDLE_MAX_BYTES = 512 * MiB
 UPGRADE_DEADLINE_SECONDS = 300
 UPGRADE_MAX_STARTS = 3
+
+# A reset (nodeagent/deprovision.py): how long the agent waits for the controller to hold its "reset
+# done" report before it removes itself anyway.
+RESET_REPORT_SECONDS = 60.0

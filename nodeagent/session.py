@@ -39,7 +39,7 @@ from nodeagent.errors import (
 )
 from nodeagent.executor import Executor, scripts_dir
 from nodeagent.identity import Identity, IdentityStore, make_csr
-from nodeagent.limits import EVENT_BATCH_COUNT
+from nodeagent.limits import EVENT_BATCH_COUNT, RESET_REPORT_SECONDS
 from nodeagent.model import AgentTarget, Event, EventKind, Plan, Step
 from nodeagent.renewal import RenewalRule
 from nodeagent.runner import Runner
@@ -221,7 +221,7 @@ class Agent:
                 message="reset done: the agent removes its unit, config and state",
             )
         )
-        for _ in range(int(deprovision.REPORT_SECONDS / 0.1)):  # also across a reconnect
+        for _ in range(int(RESET_REPORT_SECONDS / 0.1)):  # also across a reconnect
             if not self.executor.outbox.count() or self._forgotten:
                 break
             await asyncio.sleep(0.1)

@@ -18,6 +18,7 @@ import grpc
 
 from controller import tokens, wire
 from controller.cli.client import CliError, Session
+from controller.limits import RESET_TIMEOUT_SECONDS
 
 POLL_SECONDS = 1.0
 EXIT_FAILED, EXIT_TIMEOUT = 1, 2
@@ -37,7 +38,10 @@ def add_verbs(node: Any) -> None:
     )
     r.add_argument("name")
     r.add_argument("--wait", action="store_true", help="until the node is gone (or a reset step failed)")
-    r.add_argument("--wait-timeout", default="30m", help="with --wait: give up after this long (default 30m)")
+    wait = f"{RESET_TIMEOUT_SECONDS // 60}m"  # the controller gives up on the reset then, too
+    r.add_argument(
+        "--wait-timeout", default=wait, help=f"with --wait: give up after this long (default {wait})"
+    )
     r.set_defaults(func=reset)
 
 
