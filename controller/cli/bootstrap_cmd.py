@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from controller.cli.output import plain
+
 DEFAULT_CONCURRENCY = 8
 
 EXAMPLES = """\
@@ -27,7 +29,7 @@ def add_parser(sub: Any) -> None:
     b = sub.add_parser(
         "bootstrap",
         help="adopt machines over SSH or SSM: install the agent as a systemd service, exactly once",
-        description=__doc__,
+        description=plain(__doc__ or ""),
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

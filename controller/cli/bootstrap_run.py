@@ -37,7 +37,7 @@ from controller import wire
 from controller.adminconf import AdminConfig
 from controller.cli.bootstrap_admin import AdminRegistry, aio_channel, remote_adopt
 from controller.cli.bootstrap_checks import check_with_controller
-from controller.cli.client import CliError, config_path
+from controller.cli.client import CliError, load_config
 from nodeagent import logs
 from nodeagent.identity import split_address
 from nodeagent.secrets import PROCESS_REDACTOR, Redactor, Secret
@@ -242,11 +242,7 @@ def _request_pb(entry: Entry, args: argparse.Namespace, secrets: _Secrets, contr
 
 
 async def _main(args: argparse.Namespace) -> int:
-    path = config_path(args.config)
-    try:
-        conf = AdminConfig.read(path)
-    except Exception as exc:
-        raise CliError(f"{exc} (use --config or TETHER_CONFIG)") from None
+    conf = load_config(args)
     if args.host_key and (args.known_hosts or args.accept_new_host_key):
         raise CliError(
             "--host-key pins the one key to accept: it excludes --known-hosts and --accept-new-host-key"

@@ -37,17 +37,28 @@ def config_path(flag: str | None) -> Path:
     return DEFAULT_CONFIG
 
 
+def context_name(flag: str | None) -> str:
+    """The context to use: ``--context``, else ``$TETHER_CONTEXT``, else the file's current one."""
+    return flag or os.environ.get("TETHER_CONTEXT", "")
+
+
+def load_config(args: argparse.Namespace) -> AdminConfig:
+    """The admin config the arguments name (``--config``, ``--context`` or their variables)."""
+    try:
+        return AdminConfig.read(config_path(args.config), context_name(getattr(args, "context", None)))
+    except Exception as exc:
+        raise CliError(f"{exc} (use --config/TETHER_CONFIG, --context/TETHER_CONTEXT)") from None
+
+
 def channel_options() -> list[tuple[str, int | str]]:
     """tetherctl's channel options: the shared message limits, the controller's certificate name."""
     return [*client_options(), ("grpc.ssl_target_name_override", CONTROLLER_SERVER_NAME)]
 
 
-def connect(flag: str | None) -> tuple[wire.AdminServiceStub, AdminConfig, grpc.Channel]:
-    path = config_path(flag)
-    try:
-        conf = AdminConfig.read(path)
-    except Exception as exc:
-        raise CliError(f"{exc} (use --config or TETHER_CONFIG)") from None
+def connect(
+    flag: str | None, context: str | None = None
+) -> tuple[wire.AdminServiceStub, AdminConfig, grpc.Channel]:
+    conf = load_config(argparse.Namespace(config=flag, context=context))
     creds = grpc.ssl_channel_credentials(conf.ca_pem, conf.key_pem, conf.cert_pem)
     channel = grpc.secure_channel(conf.controller, creds, options=channel_options())
     return wire.AdminServiceStub(channel), conf, channel
@@ -76,7 +87,7 @@ class Session:
     """Lazily connected stub; RPC errors become one clear message."""
 
     def __init__(self, args: argparse.Namespace) -> None:
-        self.stub, self.conf, self.channel = connect(args.config)
+        self.stub, self.conf, self.channel = connect(args.config, getattr(args, "context", None))
         self.timeout = args.timeout
 
     def call(self, method: str, request: Any) -> Any:

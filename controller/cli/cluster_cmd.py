@@ -8,7 +8,7 @@ from typing import Any
 
 from controller import wire
 from controller.cli.client import CliError, Session
-from controller.cli.output import emit, table
+from controller.cli.output import colour, emit, shape, table
 
 
 def add_parser(sub: Any) -> None:
@@ -34,34 +34,8 @@ def health(args: argparse.Namespace) -> int:
     h = Session(args).call(
         "GetClusterHealth", wire.admin.GetClusterHealthRequest(environment=args.environment)
     )
-    data = {
-        "environment": h.environment,
-        "available": h.available,
-        "api_server": h.api_server,
-        "endpoint": h.endpoint,
-        "init_node": h.init_node,
-        "desired": {"control_planes": h.desired_control_planes, "workers": h.desired_workers},
-        "conditions": [
-            {"type": c.type, "status": c.status, "reason": c.reason, "message": c.message}
-            for c in h.conditions
-        ],
-        "nodes": [
-            {
-                "name": n.name,
-                "role": n.role,
-                "ready": n.ready,
-                "version": n.version,
-                "internal_ip": n.internal_ip,
-                "agent_state": n.agent_state,
-                "joined": n.joined,
-                "kubelet": n.kubelet,
-                "runtime": n.runtime,
-            }
-            for n in h.nodes
-        ],
-    }
     if args.output != "table":
-        emit(data, args.output)
+        emit(shape(h), args.output)
         return 0
     print(f"Environment:  {h.environment} ({'available' if h.available else 'not available'})")
     print(f"API server:   {h.api_server} at {h.endpoint or '-'} (initialised by {h.init_node or '-'})")
@@ -72,7 +46,7 @@ def health(args: argparse.Namespace) -> int:
             (
                 n.name,
                 n.role,
-                "Ready" if n.ready else "NotReady",
+                colour("Ready" if n.ready else "NotReady"),
                 n.version or "-",
                 n.internal_ip or "-",
                 n.agent_state,

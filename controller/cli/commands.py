@@ -11,9 +11,9 @@ from typing import Any
 import grpc
 
 from controller import tokens, wire
-from controller.cli import rollout_cmd
+from controller.cli import describe, rollout_cmd
 from controller.cli.client import CliError, Session, check_size_here, explain, read_input
-from controller.cli.output import ago, emit, table, to_dict, when
+from controller.cli.output import ago, colour, emit, shape, shape_times, table, when
 from controller.cli.waiting import UntilDone
 from controller.cluster.context import preview_context
 from controller.render import NodeContext, render
@@ -58,23 +58,30 @@ def env_apply(args: argparse.Namespace) -> int:
 
 
 def env_get(args: argparse.Namespace) -> int:
+    """``-o yaml``: the document as applied, byte for byte (``env apply -f -`` of it is a no-op);
+    ``-o json``: the environment's record (generation, times, node count, the document)."""
     env = Session(args).call("GetEnvironment", wire.admin.GetEnvironmentRequest(name=args.name))
-    data = to_dict(env)
-    data["generation"] = env.generation  # proto3 JSON writes 64-bit integers as strings
-    emit(data, args.output)
+    if args.output == "yaml":
+        sys.stdout.write(env.document)
+    else:
+        emit(shape(env), args.output)
     return 0
 
 
 def env_list(args: argparse.Namespace) -> int:
     reply = Session(args).call("ListEnvironments", wire.admin.ListEnvironmentsRequest())
-    if args.output != "table":
-        data = [{k: v for k, v in to_dict(e).items() if k != "document"} for e in reply.environments]
+    if args.output not in ("table", "wide"):
+        data = [{k: v for k, v in shape(e).items() if k != "document"} for e in reply.environments]
         emit(data, args.output)
         return 0
-    table(
-        [(e.name, e.generation, e.node_count, e.api_version, when(e.updated_ms)) for e in reply.environments],
-        ("NAME", "GENERATION", "NODES", "API VERSION", "UPDATED"),
-    )
+    headers = ["NAME", "GENERATION", "NODES", "API VERSION", "UPDATED"]
+    envs = reply.environments
+    rows = [[e.name, e.generation, e.node_count, e.api_version, when(e.updated_ms)] for e in envs]
+    if args.output == "wide":
+        headers += ["CREATED", "AGENT VERSION"]
+        for row, e in zip(rows, reply.environments, strict=True):
+            row += [when(e.created_ms), e.agent_version or "-"]
+    table(rows, headers)
     return 0
 
 
@@ -207,24 +214,17 @@ def token_create(args: argparse.Namespace) -> int:
 
 def token_list(args: argparse.Namespace) -> int:
     reply = Session(args).call("ListTokens", wire.admin.ListTokensRequest(environment=args.environment))
-    if args.output != "table":
-        emit([to_dict(t) for t in reply.tokens], args.output)
+    if args.output not in ("table", "wide"):
+        emit([shape(t) for t in reply.tokens], args.output)
         return 0
-    table(
-        [
-            (
-                t.id,
-                t.environment,
-                t.role,
-                t.node_name or "-",
-                f"{t.uses}/{t.max_uses}",
-                "revoked" if t.revoked else when(t.expires_ms),
-                t.description,
-            )
-            for t in reply.tokens
-        ],
-        ("ID", "ENVIRONMENT", "ROLE", "NODE", "USES", "EXPIRES", "DESCRIPTION"),
-    )
+    wide = args.output == "wide"
+    headers = ["ID", "ENVIRONMENT", "ROLE", "NODE", "USES", "STATUS", "EXPIRES", "DESCRIPTION"]
+    rows = []
+    for t in reply.tokens:
+        row = [t.id, t.environment, t.role, t.node_name or "-", f"{t.uses}/{t.max_uses}"]
+        row += [colour(t.status or "-"), when(t.expires_ms), t.description]
+        rows.append([*row, when(t.created_ms)] if wide else row)
+    table(rows, [*headers, "CREATED"] if wide else headers)
     return 0
 
 
@@ -237,102 +237,37 @@ def token_revoke(args: argparse.Namespace) -> int:
 # -- nodes -------------------------------------------------------------------------------------
 
 
-def _node_summary(n: Any) -> dict[str, Any]:
-    return {
-        "name": n.name,
-        "environment": n.environment,
-        "role": n.role,
-        "state": n.state,
-        "connected": n.connected,
-        "last_seen_ms": n.last_seen_ms,
-        "enrolled_ms": n.enrolled_ms,
-        "agent_version": n.agent_version,
-        "plan_generation": n.plan_generation,
-        "os": n.facts.os_pretty,
-        "arch": n.facts.arch,
-        "kernel": n.facts.kernel,
-        "gpus": len(n.facts.gpus) if n.facts.gpus else (1 if n.facts.nvidia_gpu else 0),
-        "addresses": list(n.facts.addresses),
-    }
-
-
 def node_list(args: argparse.Namespace) -> int:
     reply = Session(args).call("ListNodes", wire.admin.ListNodesRequest(environment=args.environment))
-    if args.output != "table":
-        emit([_node_summary(n) for n in reply.nodes], args.output)
+    if args.output not in ("table", "wide"):
+        emit([shape(n) for n in reply.nodes], args.output)
         return 0
-    table(
-        [
-            (
-                n.name,
-                n.environment,
-                n.role,
-                n.state,
-                n.facts.os_pretty or "-",
-                n.agent_version or "-",
-                "now" if n.connected else ago(n.last_seen_ms),
-            )
-            for n in reply.nodes
-        ],
-        ("NAME", "ENVIRONMENT", "ROLE", "STATE", "OS", "AGENT", "SEEN"),
-    )
+    headers = ["NAME", "ENVIRONMENT", "ROLE", "STATE", "OS", "AGENT", "SEEN"]
+    if args.output == "wide":
+        headers += ["GENERATION", "ARCH", "KERNEL", "GPUS", "ADDRESSES", "ENROLLED"]
+    rows = []
+    for n in reply.nodes:
+        row = [n.name, n.environment, n.role, colour(n.state), n.facts.os_pretty or "-"]
+        row += [n.agent_version or "-", "now" if n.connected else ago(n.last_seen_ms)]
+        if args.output == "wide":
+            row += [n.plan_generation, n.facts.arch or "-", n.facts.kernel or "-", _gpu_count(n)]
+            row += [",".join(n.facts.addresses) or "-", when(n.enrolled_ms)]
+        rows.append(row)
+    table(rows, headers)
     return 0
+
+
+def _gpu_count(n: Any) -> int:
+    return len(n.facts.gpus) if n.facts.gpus else (1 if n.facts.nvidia_gpu else 0)
 
 
 def node_describe(args: argparse.Namespace) -> int:
     n = Session(args).call("GetNode", wire.admin.GetNodeRequest(name=args.name))
     if args.output != "text":
-        data = _node_summary(n)
-        data["facts"] = to_dict(n.facts)
-        data["health"] = to_dict(n.health)
-        data["steps"] = [to_dict(s) for s in n.steps]
-        emit(data, args.output)
+        emit(shape(n), args.output)
         return 0
-    print(f"Name:         {n.name}")
-    print(f"Environment:  {n.environment}")
-    print(f"Role:         {n.role}")
-    print(f"State:        {n.state}{'' if n.connected else ' (last seen ' + ago(n.last_seen_ms) + ')'}")
-    print(f"Enrolled:     {when(n.enrolled_ms)}")
-    print(f"Agent:        {n.agent_version or '-'}")
-    print(f"OS:           {n.facts.os_pretty or '-'} ({n.facts.arch or '?'}, kernel {n.facts.kernel or '?'})")
-    print(f"Addresses:    {', '.join(n.facts.addresses) or '-'}")
-    gpus = ", ".join(
-        f"{g.index}: {g.name} ({g.memory_total_mib} MiB, driver {g.driver_version})" for g in n.facts.gpus
-    ) or ("NVIDIA device present, no driver" if n.facts.nvidia_gpu else "none")
-    print(f"GPUs:         {gpus}")
-    if n.HasField("health") and n.health.time_ms:
-        h = n.health
-        mem = f"{h.memory_available_bytes / 2**30:.1f}/{h.memory_total_bytes / 2**30:.1f} GiB free"
-        disk = f"{h.disk_free_bytes / 2**30:.1f}/{h.disk_total_bytes / 2**30:.1f} GiB free"
-        print(
-            f"Health:       load {h.load1:.2f}, memory {mem}, disk {disk}, up {int(h.uptime_seconds)}s "
-            f"(reported {ago(h.time_ms)})"
-        )
-        if h.services:
-            print("Services:     " + ", ".join(f"{k}={v}" for k, v in sorted(h.services.items())))
-    print(f"Plan:         generation {n.plan_generation}, digest {n.plan_digest[:12] or '-'}")
-    print("Steps:")
-    table(
-        [
-            (
-                s.name,
-                s.state,
-                s.attempt or "-",
-                s.exit_code if s.state in ("failed", "succeeded") else "-",
-                _kv(s.requested) or "-",
-                _kv(s.observed) or "-",
-                s.message or "",
-            )
-            for s in n.steps
-        ],
-        ("STEP", "STATE", "ATTEMPT", "EXIT", "REQUESTED", "OBSERVED", "MESSAGE"),
-        indent="  ",
-    )
+    describe.node(n, sys.stdout)
     return 0
-
-
-def _kv(m: Any) -> str:
-    return ", ".join(f"{k}={v}" for k, v in sorted(m.items()))
 
 
 def node_revoke(args: argparse.Namespace) -> int:
@@ -384,7 +319,7 @@ def events(args: argparse.Namespace) -> int:
                 break
             after = page.events[-1].seq
         if args.output == "json":
-            emit([e.to_json() for e in evs], "json")
+            emit([shape_times(e.to_json()) for e in evs], "json")
         else:
             for e in evs:
                 _print_event(e, False)
@@ -397,7 +332,7 @@ def events(args: argparse.Namespace) -> int:
         for m in call:
             e = wire.event_from_pb(m)
             if args.output == "json":
-                print(json.dumps(e.to_json()), flush=True)
+                print(json.dumps(shape_times(e.to_json())), flush=True)
             else:
                 _print_event(e, not args.node)
     except grpc.RpcError as exc:
@@ -430,7 +365,7 @@ def plan(args: argparse.Namespace) -> int:
         raise CliError("--node or --env is required")
     p = wire.plan_from_pb(s.call("RenderPlan", request))
     if args.output == "json":
-        emit(to_dict(wire.plan_to_pb(p)), "json")
+        emit(shape(wire.plan_to_pb(p)), "json")
     else:
         _print_plan(p)
     return 0

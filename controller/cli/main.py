@@ -1,4 +1,4 @@
-"""``tetherctl``: drive a tether controller.
+"""tetherctl: drive a tether controller.
 
     tetherctl [--config admin.conf] env apply -f ENV.yaml | get NAME | list | delete NAME
     tetherctl env validate -f ENV.yaml            (offline)
@@ -14,8 +14,16 @@
     tetherctl events --node NAME [--follow [--until-done]] [-o json]
     tetherctl plan --node NAME | --env NAME --role ROLE
     tetherctl bootstrap --env NAME --role ROLE (--ssh USER@HOST[:PORT] | --ssm ID | --inventory FILE)
+    tetherctl config get-contexts | use-context NAME | add-context NAME --from FILE
+    tetherctl version [--client]
+    tetherctl completion bash|zsh|fish
 
-The admin config comes from --config, else $TETHER_CONFIG, else ~/.config/tether/admin.conf.
+Lists take -o wide (more columns), json or yaml. In json and yaml, numbers are numbers and times are
+RFC 3339 UTC strings, named without their _ms suffix (last_seen, enrolled, updated, time...).
+
+The admin config comes from --config, else $TETHER_CONFIG, else ~/.config/tether/admin.conf;
+a file with several controllers picks one with --context, else $TETHER_CONTEXT, else its
+current-context.
 """
 
 from __future__ import annotations
@@ -26,8 +34,19 @@ from collections.abc import Callable
 
 import grpc
 
-from controller.cli import bootstrap_cmd, cluster_cmd, commands, node_cmd, rollout_cmd, waiting
+from controller.cli import (
+    bootstrap_cmd,
+    cluster_cmd,
+    commands,
+    completion,
+    config_cmd,
+    node_cmd,
+    rollout_cmd,
+    version_cmd,
+    waiting,
+)
 from controller.cli.client import CliError, explain
+from controller.cli.output import LIST_FORMATS, plain
 from nodeagent.limits import MAX_DOCUMENT_BYTES
 
 
@@ -36,11 +55,12 @@ def _parser() -> argparse.ArgumentParser:
         prog="tetherctl",
         description="tether admin CLI",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=__doc__,
+        epilog=plain(__doc__ or ""),
     )
     p.add_argument("--config", help="admin config (default: $TETHER_CONFIG or ~/.config/tether/admin.conf)")
+    p.add_argument("--context", help="which controller of a config with contexts (default: $TETHER_CONTEXT)")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the controller")
-    sub = p.add_subparsers(dest="group", required=True)
+    sub = p.add_subparsers(dest="group", metavar="COMMAND")
 
     def out_flag(sp: argparse.ArgumentParser, choices: tuple[str, ...] = ("table", "json", "yaml")) -> None:
         sp.add_argument("-o", "--output", choices=choices, default=choices[0])
@@ -77,7 +97,7 @@ def _parser() -> argparse.ArgumentParser:
     out_flag(g, ("yaml", "json"))
     g.set_defaults(func=commands.env_get)
     ls = env.add_parser("list", help="list environments")
-    out_flag(ls)
+    out_flag(ls, LIST_FORMATS)
     ls.set_defaults(func=commands.env_list)
     d = env.add_parser("delete", help="delete an environment")
     d.add_argument("name")
@@ -124,7 +144,7 @@ def _parser() -> argparse.ArgumentParser:
     c.set_defaults(func=commands.token_create)
     tl = tok.add_parser("list", help="list join tokens (never their secrets)")
     tl.add_argument("--env", dest="environment", default="")
-    out_flag(tl)
+    out_flag(tl, LIST_FORMATS)
     tl.set_defaults(func=commands.token_list)
     tr = tok.add_parser("revoke", help="revoke a join token")
     tr.add_argument("id")
@@ -133,7 +153,7 @@ def _parser() -> argparse.ArgumentParser:
     node = sub.add_parser("node", help="nodes").add_subparsers(dest="verb", required=True)
     nl = node.add_parser("list", help="list nodes")
     nl.add_argument("--env", dest="environment", default="")
-    out_flag(nl)
+    out_flag(nl, LIST_FORMATS)
     nl.set_defaults(func=commands.node_list)
     nd = node.add_parser("describe", help="a node's facts, health and steps (requested vs observed)")
     nd.add_argument("name")
@@ -167,6 +187,9 @@ def _parser() -> argparse.ArgumentParser:
     rollout_cmd.add_parser(sub)
     waiting.add_parser(sub)
     bootstrap_cmd.add_parser(sub)
+    config_cmd.add_parser(sub)
+    version_cmd.add_parser(sub)
+    completion.add_parser(sub, p)
 
     pl = sub.add_parser("plan", help="the plan the controller renders for a node")
     pl.add_argument("--node", default="")
@@ -180,7 +203,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "func", None) is None:  # bare ``tetherctl``: what it can do
+        parser.print_help()
+        return 0
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return func(args)

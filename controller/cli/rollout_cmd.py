@@ -11,7 +11,7 @@ import grpc
 
 from controller import wire
 from controller.cli.client import CliError, Session, check_size_here, explain, read_input
-from controller.cli.output import emit, table, to_dict, when
+from controller.cli.output import LIST_FORMATS, colour, emit, shape, table, when
 from controller.spec import SpecError, inline_local_files
 from nodeagent.limits import MAX_DOCUMENT_BYTES
 
@@ -41,7 +41,7 @@ def add_parser(sub: Any) -> None:
     up.add_argument("--version", default="", help="default: the controller's own version")
     up.set_defaults(func=upgrade)
     b = agent.add_parser("bundles", help="the agent versions the controller can hand out")
-    b.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
+    b.add_argument("-o", "--output", choices=LIST_FORMATS, default="table")
     b.set_defaults(func=bundles)
 
 
@@ -71,16 +71,7 @@ def request_diff(args: argparse.Namespace, document: str) -> Any:
 
 def print_diff(reply: Any, output: str) -> None:
     if output == "json":
-        emit(
-            {
-                "environment": reply.environment,
-                "nodes": [
-                    {"name": n.name, "steps": [{"name": c.name, "change": c.change} for c in n.steps]}
-                    for n in reply.nodes
-                ],
-            },
-            "json",
-        )
+        emit(shape(reply), "json")
         return
     changing = [n for n in reply.nodes if n.steps]
     state = f"generation {reply.generation}" if reply.generation else "not applied yet"
@@ -120,35 +111,6 @@ def _env_diff(args: argparse.Namespace) -> int:
 # -- rollouts ----------------------------------------------------------------------------------
 
 
-def rollout_dict(r: Any) -> dict[str, Any]:
-    return {
-        "environment": r.environment,
-        "state": r.state,
-        "generation": r.generation,
-        "from_generation": r.from_generation,
-        "reason": r.reason,
-        "agent_version": r.agent_version,
-        "policy": to_dict(r.policy),
-        "updated": r.updated,
-        "running": r.running,
-        "pending": r.pending,
-        "failed": r.failed,
-        "started": when(r.started_ms),
-        "changed": when(r.updated_ms),
-        "nodes": [
-            {
-                "name": n.name,
-                "state": n.state,
-                "step": n.step,
-                "message": n.message,
-                "since": when(n.updated_ms),
-                "control_plane": n.control_plane,
-            }
-            for n in r.nodes
-        ],
-    }
-
-
 def print_rollout(r: Any) -> None:
     head = f"rollout of {r.environment}: {r.state}, generation {r.from_generation} -> {r.generation}"
     if r.agent_version:
@@ -158,7 +120,7 @@ def print_rollout(r: Any) -> None:
         print(f"  {r.reason}")
     print(f"  updated {r.updated}, running {r.running}, pending {r.pending}, failed {r.failed}")
     if r.nodes:
-        rows = [(n.name, n.state, n.step or "-", when(n.updated_ms), n.message) for n in r.nodes]
+        rows = [(n.name, colour(n.state), n.step or "-", when(n.updated_ms), n.message) for n in r.nodes]
         table(rows, ("NODE", "STATE", "STEP", "SINCE", "MESSAGE"), indent="  ")
 
 
@@ -167,7 +129,7 @@ def status(args: argparse.Namespace) -> int:
     if args.output == "table":
         print_rollout(r)
     else:
-        emit(rollout_dict(r), args.output)
+        emit(shape(r), args.output)
     return 0
 
 
@@ -193,8 +155,9 @@ def upgrade(args: argparse.Namespace) -> int:
 
 def bundles(args: argparse.Namespace) -> int:
     reply = Session(args).call("ListAgentBundles", wire.admin.ListAgentBundlesRequest())
-    if args.output != "table":
-        emit([{"version": b.version, "sha256": b.sha256, "size": b.size} for b in reply.bundles], args.output)
+    if args.output not in ("table", "wide"):
+        emit([shape(b) for b in reply.bundles], args.output)
         return 0
-    table([(b.version, b.sha256[:16], b.size) for b in reply.bundles], ("VERSION", "SHA256", "SIZE"))
+    shown = None if args.output == "wide" else 16
+    table([(b.version, b.sha256[:shown], b.size) for b in reply.bundles], ("VERSION", "SHA256", "SIZE"))
     return 0

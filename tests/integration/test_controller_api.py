@@ -77,7 +77,8 @@ def test_node_health_is_reported_and_shown(
     wait_state(controller, ["n1"], "provisioned")
 
     def health() -> dict[str, object]:
-        return json.loads(controller.ctl("node", "describe", "n1", "-o", "json").stdout)["health"]  # type: ignore[no-any-return]
+        described = json.loads(controller.ctl("node", "describe", "n1", "-o", "json").stdout)
+        return described["health"] or {}  # type: ignore[no-any-return]  # null until the first report
 
     h = wait_for(lambda: health() if health().get("agent_version") else None, what="a health report")
     for key in ("os", "arch", "kernel", "uptime_seconds", "load1", "memory_total_bytes", "disk_total_bytes"):

@@ -7,6 +7,7 @@ started it at all; and the CLI contract of ``env diff``, ``rollout ...`` and ``w
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import time
 from collections.abc import Callable
@@ -68,11 +69,16 @@ def runs_of(controller: Controller, node: str, generation: int) -> list[tuple[in
         if e["step"] != STEP or e["plan_generation"] != generation:
             continue
         if e["kind"] == "started":
-            started = int(e["time_ms"])  # type: ignore[call-overload]
+            started = ms(str(e["time"]))
         elif e["kind"] in ("succeeded", "failed") and started is not None:
-            spans.append((started, int(e["time_ms"])))  # type: ignore[call-overload]
+            spans.append((started, ms(str(e["time"]))))
             started = None
     return spans
+
+
+def ms(rfc3339: str) -> int:
+    """An event's RFC 3339 time (``2024-05-01T12:00:00.123Z``) in ms since the epoch."""
+    return round(dt.datetime.fromisoformat(rfc3339.replace("Z", "+00:00")).timestamp() * 1000)
 
 
 def most_at_once(spans: list[tuple[int, int]]) -> int:
