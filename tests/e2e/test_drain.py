@@ -12,6 +12,7 @@ Also, not marked e2e (they run everywhere): the stand-in's kubectl cordon/uncord
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import sys
 from collections.abc import Callable, Iterator
@@ -45,12 +46,17 @@ def lab(fresh_testbed: Callable[..., Testbed], tmp_path: Path) -> Iterator[Lab]:
     made.close()
 
 
+def seconds(rfc3339: str) -> float:
+    """An event's RFC 3339 time (``2024-05-01T12:00:00.123Z``) in seconds since the epoch."""
+    return dt.datetime.fromisoformat(rfc3339.replace("Z", "+00:00")).timestamp()
+
+
 def step_times(lab: Lab, node: str, generation: int) -> dict[tuple[str, str], float]:
     """(step, kind) -> seconds since the epoch, of the node's events at ``generation``."""
     out: dict[tuple[str, str], float] = {}
     for e in lab.events(node):
         if e["plan_generation"] == generation and e["kind"] in ("started", "succeeded", "failed"):
-            out.setdefault((e["step"], e["kind"]), e["time_ms"] / 1000)
+            out.setdefault((e["step"], e["kind"]), seconds(e["time"]))
     return out
 
 
