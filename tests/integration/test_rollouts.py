@@ -190,7 +190,7 @@ def test_abort_keeps_the_rest_on_their_generation_and_undo_goes_back(
     policy = "    maxParallel: 1\n"
     nodes = fleet(3, write_env(tmp_path / "a.yaml", "gpu", "550", rollout=policy))
     gen_a = generation(controller)
-    b = write_env(tmp_path / "b.yaml", "gpu", "560", rollout=policy, script="sleep 6")
+    b = write_env(tmp_path / "b.yaml", "gpu", "560", rollout=policy, script="sleep 10")
     controller.ctl("env", "apply", "-f", str(b))
     gen_b = generation(controller)
     wait_for(lambda: rollout(controller)["running"] == 1, 30, what="the first node to be admitted")
@@ -198,8 +198,8 @@ def test_abort_keeps_the_rest_on_their_generation_and_undo_goes_back(
     status = rollout(controller)
     assert status["state"] == "halted" and "aborted" in status["reason"]
     moved = [n["name"] for n in status["nodes"] if n["state"] != "pending"]
-    assert len(moved) == 1
-    wait_for(lambda: rollout(controller)["running"] == 0, 30, what="the admitted node to finish")
+    assert len(moved) == 1  # the step takes 10 s: the abort came while the first node ran it
+    wait_for(lambda: rollout(controller)["running"] == 0, 40, what="the admitted node to finish")
     time.sleep(2)
     status = rollout(controller)
     assert status["pending"] == 2 and status["state"] == "halted", status
@@ -280,3 +280,20 @@ def test_events_until_done_ends_with_the_rollout(
     assert out.returncode == 1, out
     assert STEP in out.stderr and "failed" in out.stderr
     assert f"started   {STEP}" in out.stdout  # the events were shown until then
+
+
+def test_agent_upgrade_is_a_rollout_of_a_version_the_controller_holds(
+    controller: Controller, fleet: Callable[..., list[Agent]], tmp_path: Path
+) -> None:
+    fleet(1, write_env(tmp_path / "a.yaml", "gpu", "550"))
+    unknown = controller.ctl("agent", "upgrade", "--env", "gpu", "--version", "9.9.9", check=False)
+    assert unknown.returncode != 0 and "no agent bundle of version '9.9.9'" in unknown.stderr
+    before = generation(controller)
+    out = controller.ctl("agent", "upgrade", "--env", "gpu", timeout=180)  # the controller's own version
+    assert "agent 0.1.0" in out.stdout
+    status = rollout(controller)
+    assert status["agent_version"] == "0.1.0" and status["generation"] == before + 1
+    env = json.loads(controller.ctl("env", "get", "gpu", "-o", "json").stdout)
+    assert env["agent_version"] == "0.1.0"
+    listed = json.loads(controller.ctl("agent", "bundles", "-o", "json").stdout)
+    assert [b["version"] for b in listed] == ["0.1.0"] and len(listed[0]["sha256"]) == 64
