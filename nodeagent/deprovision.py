@@ -7,10 +7,12 @@ here, once its state database is closed.
 
 Under systemd the agent cannot stop its own unit (``KillMode=control-group``: the stop would kill
 it half way). It does not need to: it disables the unit, removes a unit file that an operator's
-tool installed (under ``/etc/systemd/system``; a packaged one is the package manager's), reloads
-systemd and then exits with ``RESET_EXIT_CODE``, which the unit lists in
-``RestartPreventExitStatus=`` and ``SuccessExitStatus=``: the unit ends inactive and is not
-started again, now or after a reboot.
+tool installed (under ``/etc/systemd/system``; a packaged one is the package manager's) and
+then exits with ``RESET_EXIT_CODE``, which the unit lists in ``RestartPreventExitStatus=`` and
+``SuccessExitStatus=``: the unit ends inactive and is not started again, now or after a reboot.
+It does not reload systemd after removing the file: a reload would drop the running unit's
+settings with it (LoadState not-found), and the exit would count as a failure. Systemd keeps
+them until the unit stopped, then lets the unit go; the next reload finds no file.
 """
 
 from __future__ import annotations
@@ -127,9 +129,7 @@ def remove(removal: Removal, run: Run = _run) -> list[str]:
     if removal.unit and run(["systemctl", "disable", "--quiet", removal.unit]) != 0:
         problems.append(f"systemctl disable {removal.unit} failed")
     if removal.unit_file is not None:
-        _unlink(removal.unit_file, problems)
-        if run(["systemctl", "daemon-reload"]) != 0:
-            problems.append("systemctl daemon-reload failed")
+        _unlink(removal.unit_file, problems)  # no daemon-reload while it runs (see above)
     if removal.install_root is not None:
         _rmtree(removal.install_root, problems)
     for path in removal.files:
