@@ -17,6 +17,8 @@ import json
 import os
 import re
 import shlex
+import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -235,3 +237,72 @@ def test_bootstrap_on_a_packaged_enrolled_node_changes_nothing(
     assert [r["outcome"] for r in json.loads(out.stdout)] == ["already-installed"]
     assert bed.exec("node2", "find /opt/tether /etc/tether /var/lib/tether -xdev | sort").stdout == before
     assert bed.exec("node2", "systemctl is-active tether-agent").stdout.strip() == "active"
+
+
+OCI_TOOLS = ("buildah", "podman", "runc", "mmdebstrap")
+# This machine's quirks (TESTBED.md): hybrid cgroups (crun refuses them, runc does not; no
+# systemd to manage cgroups) and a sandbox that refuses raising rlimits to podman's defaults.
+PODMAN = ("podman", "--runtime", "runc", "--cgroup-manager", "cgroupfs")
+PODMAN_RUN = ("--ulimit", "nofile=4096:4096", "--ulimit", "nproc=4096:4096", "--network", "host")
+
+
+def test_controller_oci_image_built_from_the_package_serves(debs: dict[str, Path], tmp_path: Path) -> None:
+    missing = [t for t in OCI_TOOLS if shutil.which(t) is None]
+    if missing:
+        pytest.skip(f"the OCI image needs {', '.join(missing)}: run scripts/system-deps (as root)")
+    archive = tmp_path / "image.tar"
+    built = subprocess.run(
+        [str(ROOT / "packaging/deb/oci/build-image.sh"), str(debs["tether-controller"]), str(archive)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert built.returncode == 0, built.stdout + built.stderr
+    tag = built.stdout.split("(")[-1].rstrip(")\n")
+    name = f"tether-e2e-{os.getpid()}"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    try:
+        subprocess.run([*PODMAN, "load", "-q", "-i", str(archive)], check=True, timeout=300)
+        subprocess.run(
+            [*PODMAN, "run", "-d", "--name", name, *PODMAN_RUN, tag, "--listen", f"127.0.0.1:{port}"],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+        wait_for(
+            lambda: "listening on" in podman_logs(name), timeout=60, what="the controller in its container"
+        )
+        who = subprocess.run([*PODMAN, "exec", name, "id", "-un"], capture_output=True, text=True, timeout=60)
+        assert who.stdout.strip() == "tether"
+        conf = tmp_path / "admin.conf"
+        subprocess.run(
+            [*PODMAN, "cp", f"{name}:/var/lib/tether-controller/admin.conf", str(conf)],
+            check=True,
+            timeout=60,
+        )
+        conf.chmod(0o600)
+        version = subprocess.run(
+            [str(BIN / "tetherctl"), "version"],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "TETHER_CONFIG": str(conf)},
+            timeout=60,
+            check=True,
+        )
+        assert f"at 127.0.0.1:{port}" in version.stdout, version.stdout
+        subprocess.run([*PODMAN, "stop", "-t", "20", name], check=True, capture_output=True, timeout=60)
+        state = subprocess.run(
+            [*PODMAN, "inspect", name, "--format", "{{.State.ExitCode}}"], capture_output=True, text=True
+        )
+        assert state.stdout.strip() == "0"  # SIGTERM: a clean stop
+    finally:
+        subprocess.run([*PODMAN, "rm", "-f", name], capture_output=True, timeout=60)
+        subprocess.run([*PODMAN, "rmi", "-f", tag], capture_output=True, timeout=60)
+
+
+def podman_logs(name: str) -> str:
+    out = subprocess.run([*PODMAN, "logs", name], capture_output=True, text=True, timeout=60)
+    return out.stdout + out.stderr
