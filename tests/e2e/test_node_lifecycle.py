@@ -52,8 +52,12 @@ def nodes(lab: Lab) -> dict[str, dict[str, Any]]:
 
 
 def provisioned(lab: Lab, name: str) -> dict[str, Any]:
+    def ready() -> dict[str, Any]:
+        n = nodes(lab).get(name) or {}
+        return n if n.get("connected") and n.get("state") == "provisioned" else {}
+
     return wait_for(
-        lambda: (n := nodes(lab).get(name)) and n["connected"] and n["state"] == "provisioned" and n,
+        ready,
         timeout=120,
         interval=1,
         what=f"{name} connected and provisioned",
@@ -94,8 +98,13 @@ def test_a_revoked_agent_stops_and_the_unit_leaves_it_stopped(lab: Lab) -> None:
 
     started = time.monotonic()
     lab.ctl("node", "revoke", "node1")
+
+    def down() -> dict[str, str]:
+        u = unit(bed, "node1")
+        return u if u["ActiveState"] in ("inactive", "failed") else {}
+
     stopped = wait_for(
-        lambda: (u := unit(bed, "node1"))["ActiveState"] in ("inactive", "failed") and u,
+        down,
         timeout=20,
         interval=0.2,
         what="the revoked agent's unit to stop",
