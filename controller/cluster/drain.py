@@ -23,16 +23,15 @@ from controller import wire
 from controller.cluster.context import DELETE_NODE_STEP, GATE_DONE, GATE_MESSAGE, GATE_RESULT
 from controller.cluster.scripts import drain_task
 from controller.hub import Hub
+from controller.limits import DRAIN_MESSAGE_CHARS, DRAIN_TIMEOUT_SECONDS
 from controller.store import NodeRecord
 from nodeagent import logs
 from nodeagent.model import Event, EventKind
 
 log = logs.get_logger("tether.controller.drain")
 
-DRAIN_TIMEOUT_S = 300  # kubectl drain --timeout
 ANSWER_GRACE_S = 120.0  # past the task's own timeout, its answer is given up as lost
 COMMAND_PREFIX = "drain-"
-MESSAGE_CHARS = 600  # the reason a failed drain gives, cut to this
 TAIL_LINES = 3  # lines of the task's output quoted in that reason
 
 
@@ -62,7 +61,7 @@ class Drainer:
         member: Callable[[str], bool],
         runner: Callable[[str, str], str | None],
         others: Callable[[str, str], bool] = lambda env, node: False,
-        timeout_seconds: int = DRAIN_TIMEOUT_S,
+        timeout_seconds: int = DRAIN_TIMEOUT_SECONDS,
         lost_after_seconds: float = 0.0,
     ) -> None:
         self._hub = hub
@@ -148,7 +147,6 @@ class Drainer:
             self._finish(pending, True, why)
             return
         if runner is None:
-
             log.warning(
                 "no joined control plane is connected to run kubectl; the gate waits",
                 node=pending.node,
@@ -181,7 +179,7 @@ class Drainer:
         if self._live(node) is None:
             log.warning("no release for a revoked node", node=node, action=action)
             return
-        env = {GATE_RESULT: GATE_DONE if ok else "failed", GATE_MESSAGE: message[:MESSAGE_CHARS]}
+        env = {GATE_RESULT: GATE_DONE if ok else "failed", GATE_MESSAGE: message[:DRAIN_MESSAGE_CHARS]}
         release = wire.agent.Release(step=action, digest=digest, env=env)
         sent = self._hub.send(node, wire.agent.ControllerMessage(release=release))
         log.info("gate opened", node=node, gate=action, ok=ok, delivered=sent, reason=message[:200])
