@@ -66,4 +66,4 @@ bench: venv ## performance figures (JSON lines); QUICK=1 for the short run
 	$(PY) bench/run.py $(if $(QUICK),--quick,)
 
 clean: ## remove the venv and caches
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info proto/*.egg-info

@@ -21,10 +21,10 @@ from typing import Any
 import grpc
 
 from bench.messages import TAG_EVENTS, TAG_HELLO, canned_replies
-from controller.ca import CertificateAuthority
-from controller.transport import SERVER_OPTIONS
-from nodeagent import anonymous, wire
-from nodeagent.identity import generate_key, make_csr
+from tether.controller.ca import CertificateAuthority
+from tether.controller.transport import SERVER_OPTIONS
+from tether.nodeagent import anonymous, wire
+from tether.nodeagent.identity import generate_key, make_csr
 
 
 class Bare:

@@ -1,6 +1,6 @@
 """The messages simulated agents send, and the bare baseline's canned replies of the same sizes.
 
-Everything is built with the real wire conversions (``nodeagent.wire``), so the bytes a
+Everything is built with the real wire conversions (``tether.nodeagent.wire``), so the bytes a
 simulated agent sends are the bytes a real agent on this machine would send.
 """
 
@@ -11,8 +11,8 @@ import functools
 import tempfile
 from pathlib import Path
 
-from nodeagent import __version__, facts, wire
-from nodeagent.model import Event, EventKind, Health, HostFacts, Plan, Step, now_ms
+from tether.nodeagent import __version__, facts, wire
+from tether.nodeagent.model import Event, EventKind, Health, HostFacts, Plan, Step, now_ms
 
 CONNECT = "/tether.v1.AgentService/Connect"
 ENROLL = "/tether.v1.AgentService/Enroll"

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "proto"))  # the tether package
 
 from bench.common import CLIENT_CPUS, SERVER_CPUS, Proc, emit, log
 from bench.scenarios import FULL, QUICK, run_agent_only, run_bare, run_controller, run_flood

@@ -26,7 +26,7 @@ import grpc
 from bench import messages
 from bench.common import BIN, CLIENT_CPUS, SERVER_CPUS, Figure, Proc, log
 from bench.servers import MAX_AGENTS_PER_SIM, Bare, Controller, Server, Sims
-from controller.limits import QUOTA_PAUSE_SECONDS
+from tether.controller.limits import QUOTA_PAUSE_SECONDS
 
 GIB_MIB = 2048
 ENROLL_CONCURRENCY = 16  # enrollments in flight per client process

@@ -14,7 +14,7 @@ import grpc
 import yaml
 
 from bench.common import BIN, CLIENT_CPUS, SERVER_CPUS, Proc, log
-from nodeagent.identity import CONTROLLER_SERVER_NAME
+from tether.nodeagent.identity import CONTROLLER_SERVER_NAME
 from tether.v1 import admin_pb2, admin_pb2_grpc
 
 MAX_AGENTS_PER_SIM = 2500  # sockets per client process, far below the 20,000 open-files limit

@@ -4,8 +4,8 @@ A simulated agent speaks the real protocol with the generated stubs' messages: E
 made from its own key, over a fresh TLS connection with the anonymous identity), then one
 ``Connect`` stream per connection: Hello -> Welcome -> Settings -> Plan, sequenced events kept
 in an in-memory outbox until acknowledged (resent after a reconnect from the controller's
-``stored_seq``, like ``nodeagent.outbox``), health heartbeats at the interval the controller
-sets, and the real agent's reconnect backoff (``nodeagent.session.Backoff``). Against the bare
+``stored_seq``, like ``tether.nodeagent.outbox``), health heartbeats at the interval the controller
+sets, and the real agent's reconnect backoff (``tether.nodeagent.session.Backoff``). Against the bare
 baseline the same code sends the same bytes to ``/bench.Bare/*``.
 
 Driven by JSON commands on stdin, one reply per command on stdout (see ``Sim.handle``).
@@ -28,14 +28,14 @@ from typing import Any
 import grpc
 
 from bench import messages
-from nodeagent import __version__, wire
-from nodeagent.channel import KEEPALIVE_OPTIONS
-from nodeagent.identity import CONTROLLER_SERVER_NAME, generate_key, make_csr
-from nodeagent.limits import EVENT_BATCH_BYTES
-from nodeagent.session import EVENT_BATCH, Backoff
+from tether.nodeagent import __version__, wire
+from tether.nodeagent.channel import KEEPALIVE_OPTIONS
+from tether.nodeagent.identity import CONTROLLER_SERVER_NAME, generate_key, make_csr
+from tether.nodeagent.limits import EVENT_BATCH_BYTES
+from tether.nodeagent.session import EVENT_BATCH, Backoff
 
 try:
-    from nodeagent.session import STABLE_STREAM_SECONDS
+    from tether.nodeagent.session import STABLE_STREAM_SECONDS
 except ImportError:  # an agent without it resets its backoff on every welcome
     STABLE_STREAM_SECONDS = 0.0
 from tether.v1 import common_pb2
@@ -400,7 +400,7 @@ class Sim:
         return {"prepared": len(self.prepared)}
 
     async def cmd_enroll(self, cmd: dict[str, Any]) -> dict[str, Any]:
-        from nodeagent import anonymous
+        from tether.nodeagent import anonymous
 
         ca_pem = Path(cmd["ca"]).read_bytes()
         bare = bool(cmd.get("bare"))
@@ -473,7 +473,7 @@ class Sim:
 
     async def cmd_issue(self, cmd: dict[str, Any]) -> dict[str, Any]:
         """Agents with certificates from the bare baseline's CA (same key type and extensions)."""
-        from controller.ca import CertificateAuthority
+        from tether.controller.ca import CertificateAuthority
 
         ca = CertificateAuthority.load_or_create(Path(cmd["pki"]))
         for name in cmd["names"]:

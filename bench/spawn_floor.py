@@ -34,7 +34,7 @@ async def one_pass(scripts: list[str]) -> float:
 
 def main() -> None:
     runs, scripts = int(sys.argv[1]), sys.argv[2:]
-    if sys.version_info < (3, 12):  # what the agent does (nodeagent.main)
+    if sys.version_info < (3, 12):  # what the agent does (tether.nodeagent.main)
         asyncio.get_event_loop_policy().set_child_watcher(asyncio.PidfdChildWatcher())
     print(statistics.median(asyncio.run(one_pass(scripts)) for _ in range(runs)))
 

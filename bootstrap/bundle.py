@@ -3,16 +3,17 @@
 Built on the operator's side so the node needs no internet: ``pip download --only-binary=:all:``
 fetches the wheels of the agent's dependencies for the node's platform (pinned to the versions
 installed here, so generated protobuf code and runtime always match), they are unpacked into
-``lib/`` next to our ``nodeagent`` and generated ``tether`` packages, and the lot is written as a
+``lib/`` next to our ``tether`` package (``tether.nodeagent`` and the generated ``tether.v1``,
+never the controller), and the lot is written as a
 reproducible ``tar.gz`` (sorted entries, fixed times and owners: the same inputs give the same
 SHA-256). Bundles are cached under ``$XDG_CACHE_HOME/tether/bundles`` by a key over everything
-that goes in. The node checks the SHA-256 before unpacking (``bootstrap.install``).
+that goes in. The node checks the SHA-256 before unpacking (``tether.bootstrap.install``).
 
 Layout inside the archive::
 
     BUNDLE.json       manifest: tether version, python, arch, wheel hashes, source digest
-    launch.py         puts lib/ first on sys.path and runs nodeagent.main
-    lib/              unpacked wheels + nodeagent/ + tether/
+    launch.py         puts lib/ first on sys.path and runs tether.nodeagent.main
+    lib/              unpacked wheels + tether/ (__init__.py, nodeagent/, v1/)
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import asyncio
 import fcntl
 import gzip
 import hashlib
+import importlib
 import importlib.metadata
 import io
 import json
@@ -34,11 +36,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import nodeagent
-from bootstrap.errors import BundleError
+from tether import nodeagent
+from tether.bootstrap.errors import BundleError
 
 REQUIREMENTS = ("grpcio", "protobuf", "cryptography", "structlog", "pyyaml")
-PACKAGES = ("nodeagent", "tether")  # ours, copied as source
+PACKAGES = ("tether.nodeagent", "tether.v1")  # ours, copied as source (never the controller)
 MACHINES = {"amd64": "x86_64", "arm64": "aarch64"}
 LAUNCH_PY = '''\
 """tether agent bundle launcher: the bundle's lib/ first on sys.path, then the agent's CLI."""
@@ -46,7 +48,7 @@ import os
 import sys
 
 sys.path[:0] = [os.path.join(os.path.dirname(os.path.realpath(__file__)), "lib")]
-from nodeagent.main import main  # noqa: E402
+from tether.nodeagent.main import main  # noqa: E402
 
 sys.exit(main())
 '''
@@ -160,15 +162,18 @@ def source_digest() -> str:
 
 
 def _package_files() -> list[tuple[str, bytes]]:
+    """Our source in the bundle, by module path: ``tether/*.py`` and the ``PACKAGES``."""
     import tether
 
-    files = []
-    for module in (nodeagent, tether):
-        root = Path(module.__file__ or "").parent
+    top = Path(tether.__file__ or "").parent
+    files = [(f"tether/{path.name}", path.read_bytes()) for path in sorted(top.glob("*.py"))]
+    for name in PACKAGES:
+        root = Path(importlib.import_module(name).__file__ or "").parent
+        prefix = name.replace(".", "/")
         for path in sorted(root.rglob("*.py")):
             if "__pycache__" in path.parts:
                 continue
-            files.append((f"{root.name}/{path.relative_to(root).as_posix()}", path.read_bytes()))
+            files.append((f"{prefix}/{path.relative_to(root).as_posix()}", path.read_bytes()))
     return files
 
 

@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 from types import TracebackType
 
-from bootstrap.bundle import AgentBundle
+from tether.bootstrap.bundle import AgentBundle
 
 _PATH = re.compile(r"/bundles/([0-9a-f]{64})\.tar\.gz")
 CHUNK = 1 << 20

@@ -16,9 +16,9 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from bootstrap.bundle import AgentBundle
-from bootstrap.bundle_http import BundleServer
-from bootstrap.errors import BundleError
+from tether.bootstrap.bundle import AgentBundle
+from tether.bootstrap.bundle_http import BundleServer
+from tether.bootstrap.errors import BundleError
 
 PRESIGN_SECONDS = 900
 

@@ -15,11 +15,11 @@ import json
 import shlex
 from dataclasses import dataclass, field
 
-from bootstrap.errors import CommandFailed
-from bootstrap.layout import UNIT_NAME, Layout
-from bootstrap.transport import Transport
-from nodeagent.facts import ARCH_ALIASES, os_family
-from nodeagent.model import HostFacts
+from tether.bootstrap.errors import CommandFailed
+from tether.bootstrap.layout import UNIT_NAME, Layout
+from tether.bootstrap.transport import Transport
+from tether.nodeagent.facts import ARCH_ALIASES, os_family
+from tether.nodeagent.model import HostFacts
 
 MIN_PYTHON = (3, 10)  # grpcio's floor
 MIN_GLIBC = (2, 17)  # manylinux2014

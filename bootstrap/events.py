@@ -14,9 +14,9 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
-from bootstrap.errors import BootstrapError
-from nodeagent.model import EventKind, HostFacts, now_ms
-from nodeagent.secrets import Redactor
+from tether.bootstrap.errors import BootstrapError
+from tether.nodeagent.model import EventKind, HostFacts, now_ms
+from tether.nodeagent.secrets import Redactor
 
 
 class Step(str, enum.Enum):

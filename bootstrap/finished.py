@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-from bootstrap.events import Outcome
-from bootstrap.install import Result
+from tether.bootstrap.events import Outcome
+from tether.bootstrap.install import Result
 
 
 def duration(seconds: float) -> str:

@@ -9,11 +9,11 @@ import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from bootstrap.delivery import Delivery
-from bootstrap.events import EventSink
-from bootstrap.install import BundleSource, Opener, Request, Result, adopt
-from bootstrap.registry import Registry
-from nodeagent.secrets import Redactor
+from tether.bootstrap.delivery import Delivery
+from tether.bootstrap.events import EventSink
+from tether.bootstrap.install import BundleSource, Opener, Request, Result, adopt
+from tether.bootstrap.registry import Registry
+from tether.nodeagent.secrets import Redactor
 
 DEFAULT_CONCURRENCY = 8
 

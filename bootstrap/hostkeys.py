@@ -23,7 +23,7 @@ from pathlib import Path
 
 import asyncssh
 
-from bootstrap.errors import HostKeyError
+from tether.bootstrap.errors import HostKeyError
 
 TETHER_KNOWN_HOSTS = Path("~/.config/tether/known_hosts")
 USER_KNOWN_HOSTS = Path("~/.ssh/known_hosts")

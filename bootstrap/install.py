@@ -19,12 +19,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-import nodeagent
-from bootstrap import nodescripts, prereqs
-from bootstrap.bundle import AgentBundle, BundleSpec
-from bootstrap.delivery import Delivery
-from bootstrap.detect import DetectedHost, Python, detect, refusals
-from bootstrap.errors import (
+from tether import nodeagent
+from tether.bootstrap import nodescripts, prereqs
+from tether.bootstrap.bundle import AgentBundle, BundleSpec
+from tether.bootstrap.delivery import Delivery
+from tether.bootstrap.detect import DetectedHost, Python, detect, refusals
+from tether.bootstrap.errors import (
     BootstrapError,
     BundleError,
     HostKeyError,
@@ -32,16 +32,16 @@ from bootstrap.errors import (
     UnsupportedHost,
     VerifyError,
 )
-from bootstrap.events import EventSink, Outcome, Reporter, Step
-from bootstrap.layout import DEFAULT_LAYOUT, UNIT_NAME, Layout, agent_config, launcher, marker
-from bootstrap.marker import INSTALLED, INSTALLING, Action, Decision, decide
-from bootstrap.registry import JoinToken, NodeView, Registry
-from bootstrap.sealing import write_secret
-from bootstrap.transport import Transport
-from bootstrap.unit import unit_text
-from nodeagent import logs
-from nodeagent.model import EventKind, Role, now_ms
-from nodeagent.secrets import PROCESS_REDACTOR, Redactor
+from tether.bootstrap.events import EventSink, Outcome, Reporter, Step
+from tether.bootstrap.layout import DEFAULT_LAYOUT, UNIT_NAME, Layout, agent_config, launcher, marker
+from tether.bootstrap.marker import INSTALLED, INSTALLING, Action, Decision, decide
+from tether.bootstrap.registry import JoinToken, NodeView, Registry
+from tether.bootstrap.sealing import write_secret
+from tether.bootstrap.transport import Transport
+from tether.bootstrap.unit import unit_text
+from tether.nodeagent import logs
+from tether.nodeagent.model import EventKind, Role, now_ms
+from tether.nodeagent.secrets import PROCESS_REDACTOR, Redactor
 
 log = logs.get_logger("tether.bootstrap")
 NODE_NAME_RE = re.compile(r"[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?")

@@ -32,9 +32,9 @@ from typing import Any
 
 import yaml
 
-from bootstrap.errors import InventoryError
-from bootstrap.ssh import SshEndpoint
-from nodeagent.model import Role
+from tether.bootstrap.errors import InventoryError
+from tether.bootstrap.ssh import SshEndpoint
+from tether.nodeagent.model import Role
 
 ALIASES = {"environment": "env", "accept_new": "accept_new_host_key", "instance_id": "ssm"}
 

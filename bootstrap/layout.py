@@ -9,8 +9,8 @@ from typing import Any
 
 import yaml
 
-from nodeagent import upgrade
-from nodeagent.limits import UPGRADE_MAX_STARTS
+from tether.nodeagent import upgrade
+from tether.nodeagent.limits import UPGRADE_MAX_STARTS
 
 UNIT_NAME = "tether-agent.service"
 
@@ -131,7 +131,7 @@ exec PYTHON -I "$agents/current/launch.py" "$@"
 
 def launcher(layout: Layout, python: str) -> bytes:
     """``/opt/tether/bin/tether-agent``: the chosen interpreter, isolated, running the current bundle,
-    and rolling a failed self-upgrade back (``nodeagent.upgrade``)."""
+    and rolling a failed self-upgrade back (``tether.nodeagent.upgrade``)."""
     text = LAUNCHER
     for name, value in (
         ("AGENTS", shlex.quote(layout.agents_dir)),

@@ -22,9 +22,9 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from bootstrap.detect import InstallState
-from bootstrap.errors import InstallConflict
-from bootstrap.registry import NodeView
+from tether.bootstrap.detect import InstallState
+from tether.bootstrap.errors import InstallConflict
+from tether.bootstrap.registry import NodeView
 
 INSTALLING = "installing"
 INSTALLED = "installed"

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bootstrap.detect import DetectedHost, Python, detect
-from bootstrap.errors import UnsupportedHost
-from bootstrap.layout import Layout
-from bootstrap.transport import Transport
+from tether.bootstrap.detect import DetectedHost, Python, detect
+from tether.bootstrap.errors import UnsupportedHost
+from tether.bootstrap.layout import Layout
+from tether.bootstrap.transport import Transport
 
 # (os_id, major version) -> the distro package of a newer Python. Only distributions whose
 # own repositories carry one; nothing is fetched from third-party repositories.

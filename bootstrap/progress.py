@@ -19,9 +19,9 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from bootstrap.events import BootstrapEvent, Step
-from bootstrap.install import Result
-from nodeagent.model import EventKind
+from tether.bootstrap.events import BootstrapEvent, Step
+from tether.bootstrap.install import Result
+from tether.nodeagent.model import EventKind
 
 KIND_STYLES = {"succeeded": "green", "failed": "bold red", "skipped": "dim", "started": "cyan"}
 OUTCOME_STYLES = {"installed": "green", "already-installed": "green", "reinstalled": "green"}

@@ -1,7 +1,7 @@
 """What the bootstrap needs from the controller: node records and single-use join tokens.
 
-Two implementations: the admin gRPC API (``tetherctl bootstrap``, in ``controller.cli``) and the
-controller's own store (``AdminService.Bootstrap``, in ``controller.bootstrap_service``).
+Two implementations: the admin gRPC API (``tetherctl bootstrap``, in ``tether.controller.cli``) and the
+controller's own store (``AdminService.Bootstrap``, in ``tether.controller.bootstrap_service``).
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from nodeagent.secrets import Secret
+from tether.nodeagent.secrets import Secret
 
 
 @dataclass(frozen=True)

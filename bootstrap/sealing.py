@@ -20,10 +20,10 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from bootstrap import nodescripts
-from bootstrap.errors import BootstrapError
-from bootstrap.transport import Transport
-from nodeagent.secrets import Secret
+from tether.bootstrap import nodescripts
+from tether.bootstrap.errors import BootstrapError
+from tether.bootstrap.transport import Transport
+from tether.nodeagent.secrets import Secret
 
 INFO = b"tether-bootstrap-seal-v1"
 

@@ -1,5 +1,5 @@
 """The SSH transport (asyncssh): key (optionally passphrase-protected), password or ssh-agent;
-any port; an optional jump host; host keys verified as ``bootstrap.hostkeys`` describes.
+any port; an optional jump host; host keys verified as ``tether.bootstrap.hostkeys`` describes.
 
 Commands run through ``/bin/sh -c`` and, for a login other than root, ``sudo -n`` (passwordless
 sudo is required; the connect step checks it before anything else happens). Credentials are
@@ -18,10 +18,10 @@ from typing import Any
 
 import asyncssh
 
-from bootstrap.errors import AuthenticationError, CommandTimeout, ConnectError, HostKeyError
-from bootstrap.hostkeys import HostKeyPolicy, HostKeyVerifier
-from bootstrap.transport import DEFAULT_TIMEOUT, CommandResult, Transport, write_stdin_script
-from nodeagent.secrets import Secret
+from tether.bootstrap.errors import AuthenticationError, CommandTimeout, ConnectError, HostKeyError
+from tether.bootstrap.hostkeys import HostKeyPolicy, HostKeyVerifier
+from tether.bootstrap.transport import DEFAULT_TIMEOUT, CommandResult, Transport, write_stdin_script
+from tether.nodeagent.secrets import Secret
 
 DEFAULT_PORT = 22
 CONNECT_TIMEOUT = 15.0

@@ -8,8 +8,8 @@ characters each).
 
 SSM keeps every command's parameters in the account's command history, so this transport is
 ``confidential_input = False``: file contents and stdin travel base64-encoded inside the command
-text and must never be secret (``bootstrap.sealing`` encrypts secrets to a key that only the node
-holds). The agent bundle is too big for commands: the node downloads it (``bootstrap.delivery``).
+text and must never be secret (``tether.bootstrap.sealing`` encrypts secrets to a key that only the node
+holds). The agent bundle is too big for commands: the node downloads it (``tether.bootstrap.delivery``).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from bootstrap.errors import BootstrapError, CommandFailed, CommandTimeout, ConnectError
-from bootstrap.transport import DEFAULT_TIMEOUT, CommandResult, Transport
+from tether.bootstrap.errors import BootstrapError, CommandFailed, CommandTimeout, ConnectError
+from tether.bootstrap.transport import DEFAULT_TIMEOUT, CommandResult, Transport
 
 DOCUMENT = "AWS-RunShellScript"
 TERMINAL = {"Success", "Failed", "TimedOut", "Cancelled", "Cancelling"}

@@ -4,7 +4,7 @@ A transport runs every command **as root** (SSH wraps a non-root login in ``sudo
 runs as root already) through ``/bin/sh``. Command text is never secret: it may show up in
 ``ps`` on the node or in a provider's command history. Secret material travels only as
 ``stdin`` or file content, and only over transports whose ``confidential_input`` is true
-(see ``bootstrap.sealing`` for the others).
+(see ``tether.bootstrap.sealing`` for the others).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import shlex
 from dataclasses import dataclass
 from types import TracebackType
 
-from bootstrap.errors import CommandFailed
+from tether.bootstrap.errors import CommandFailed
 
 DEFAULT_TIMEOUT = 300.0
 

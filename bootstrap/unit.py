@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from importlib import resources
 
-from bootstrap.layout import DEFAULT_LAYOUT, Layout
+from tether.bootstrap.layout import DEFAULT_LAYOUT, Layout
 
 
 def unit_text(layout: Layout = DEFAULT_LAYOUT) -> str:

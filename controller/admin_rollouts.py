@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from controller import wire
-from controller.app import App
-from controller.planner import stable_facts
-from controller.render import NodeContext, render
-from controller.rollout.diff import step_changes
-from controller.rollout.state import NodeStage, Rollout
-from controller.spec import LoadedSpec
-from nodeagent.model import Plan, facts_from_dict
+from tether.controller import wire
+from tether.controller.app import App
+from tether.controller.planner import stable_facts
+from tether.controller.render import NodeContext, render
+from tether.controller.rollout.diff import step_changes
+from tether.controller.rollout.state import NodeStage, Rollout
+from tether.controller.spec import LoadedSpec
+from tether.nodeagent.model import Plan, facts_from_dict
 
 
 def diff(app: App, loaded: LoadedSpec, document: str) -> wire.admin.DiffEnvironmentResponse:

@@ -6,16 +6,16 @@ import contextlib
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
-from controller import __version__, admin_rollouts, tokens, wire
-from controller.agent_service import AgentService
-from controller.app import App
-from controller.documents import DocumentParser
-from controller.errors import FailedPrecondition, InvalidArgument, NotFound
-from controller.nodestate import node_state
-from controller.rpc import stream, unary
-from controller.store.records import NodeRecord
-from nodeagent import logs
-from nodeagent.model import Event, HostFacts, Role, facts_from_dict, health_from_dict, now_ms
+from tether.controller import __version__, admin_rollouts, tokens, wire
+from tether.controller.agent_service import AgentService
+from tether.controller.app import App
+from tether.controller.documents import DocumentParser
+from tether.controller.errors import FailedPrecondition, InvalidArgument, NotFound
+from tether.controller.nodestate import node_state
+from tether.controller.rpc import stream, unary
+from tether.controller.store.records import NodeRecord
+from tether.nodeagent import logs
+from tether.nodeagent.model import Event, HostFacts, Role, facts_from_dict, health_from_dict, now_ms
 
 log = logs.get_logger("tether.controller.admin")
 MAX_EVENTS = 10_000
@@ -552,7 +552,7 @@ class AdminService(wire.AdminServiceServicer):
     async def Bootstrap(self, request: wire.admin.BootstrapRequest, context: Any) -> AsyncIterator[Any]:
         """Adopt a machine over SSH or SSM; the request's credentials live for this call only."""
         who = self._caller(context, write=True)
-        from controller import bootstrap_service  # the bootstrap pulls asyncssh/boto3: only when used
+        from tether.controller import bootstrap_service  # the bootstrap pulls asyncssh/boto3: only when used
 
         async for event in bootstrap_service.run(self.app, request, who):
             yield event

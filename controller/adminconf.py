@@ -17,8 +17,8 @@ from typing import Any
 
 import yaml
 
-from controller.errors import InvalidArgument
-from nodeagent.identity import read_private, write_private
+from tether.controller.errors import InvalidArgument
+from tether.nodeagent.identity import read_private, write_private
 
 KIND = "AdminConfig"
 API_VERSION = "tether.dev/v1alpha1"

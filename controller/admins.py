@@ -19,8 +19,8 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from controller.ca import IssuedCert
-from controller.errors import InvalidArgument, NotFound
+from tether.controller.ca import IssuedCert
+from tether.controller.errors import InvalidArgument, NotFound
 
 FILE_NAME = "admins.json"
 RELOAD_SECONDS = 1.0

@@ -18,12 +18,12 @@ from typing import Any
 
 import grpc
 
-from controller import enrollment, metrics, wire
-from controller.agentbundles import AgentBundles, HeldBundle
-from controller.app import App
-from controller.auth import Kind
-from controller.enrollment import csr_key_hash, same
-from controller.errors import (
+from tether.controller import enrollment, metrics, wire
+from tether.controller.agentbundles import AgentBundles, HeldBundle
+from tether.controller.app import App
+from tether.controller.auth import Kind
+from tether.controller.enrollment import csr_key_hash, same
+from tether.controller.errors import (
     AlreadyExists,
     ControllerError,
     InvalidArgument,
@@ -33,16 +33,16 @@ from controller.errors import (
     TokenRejected,
     Unauthenticated,
 )
-from controller.hub import Session
-from controller.limits import PLAN_CACHE_ENTRIES
-from controller.quotas import NodeQuotas
-from controller.refusals import REFUSALS
-from controller.resets import Resets
-from controller.rpc import stream, unary
-from controller.store.records import NodeRecord
-from nodeagent import logs
-from nodeagent.model import Event, HostFacts, Plan, facts_from_dict, now_ms
-from nodeagent.secrets import LineRedactor, Redactor
+from tether.controller.hub import Session
+from tether.controller.limits import PLAN_CACHE_ENTRIES
+from tether.controller.quotas import NodeQuotas
+from tether.controller.refusals import REFUSALS
+from tether.controller.resets import Resets
+from tether.controller.rpc import stream, unary
+from tether.controller.store.records import NodeRecord
+from tether.nodeagent import logs
+from tether.nodeagent.model import Event, HostFacts, Plan, facts_from_dict, now_ms
+from tether.nodeagent.secrets import LineRedactor, Redactor
 
 log = logs.get_logger("tether.controller.agents")
 HEALTH_PERSIST_SECONDS = 60.0

@@ -3,7 +3,7 @@
 Two sources, one index by version:
 
 * the controller's own version, built on demand with the bootstrap's bundle builder
-  (``bootstrap.bundle``) for one platform (``serve --agent-platform``, default the controller's own
+  (``tether.bootstrap.bundle``) for one platform (``serve --agent-platform``, default the controller's own
   Python and architecture) and cached like a bootstrap's bundle;
 * bundles of other versions in a directory (``serve --agent-bundles DIR``, default
   ``DATA_DIR/agent-bundles``), one file per version named ``tether-agent-<version>.tar.gz``.
@@ -33,16 +33,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-import nodeagent
-from bootstrap.bundle import AgentBundle, BundleBuilder, BundleSpec
-from controller.errors import ControllerError, InvalidArgument, NotFound
-from nodeagent import logs
-from nodeagent.facts import ARCH_ALIASES
-from nodeagent.limits import AGENT_BUNDLE_CHUNK_BYTES, AGENT_BUNDLE_MAX_BYTES, size_text
-from nodeagent.model import AgentTarget
+from tether import nodeagent
+from tether.bootstrap.bundle import AgentBundle, BundleBuilder, BundleSpec
+from tether.controller.errors import ControllerError, InvalidArgument, NotFound
+from tether.nodeagent import logs
+from tether.nodeagent.facts import ARCH_ALIASES
+from tether.nodeagent.limits import AGENT_BUNDLE_CHUNK_BYTES, AGENT_BUNDLE_MAX_BYTES, size_text
+from tether.nodeagent.model import AgentTarget
 
 if TYPE_CHECKING:
-    from controller.config import ControllerConfig
+    from tether.controller.config import ControllerConfig
 
 log = logs.get_logger("tether.controller.bundles")
 

@@ -4,17 +4,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from controller.agentbundles import AgentBundles
-from controller.auth import Authenticator
-from controller.ca import CertificateAuthority
-from controller.cluster.orchestrator import Orchestrator
-from controller.config import ControllerConfig
-from controller.gates import GateKeeper, NoGates
-from controller.hub import Hub
-from controller.planner import Planner
-from controller.rollout import RolloutDriver
-from controller.store import Store
-from nodeagent.secrets import PROCESS_REDACTOR, Redactor
+from tether.controller.agentbundles import AgentBundles
+from tether.controller.auth import Authenticator
+from tether.controller.ca import CertificateAuthority
+from tether.controller.cluster.orchestrator import Orchestrator
+from tether.controller.config import ControllerConfig
+from tether.controller.gates import GateKeeper, NoGates
+from tether.controller.hub import Hub
+from tether.controller.planner import Planner
+from tether.controller.rollout import RolloutDriver
+from tether.controller.store import Store
+from tether.nodeagent.secrets import PROCESS_REDACTOR, Redactor
 
 
 @dataclass

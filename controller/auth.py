@@ -16,9 +16,9 @@ from typing import Any
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
 
-from controller.ca import ADMIN_URI_PREFIX, NODE_URI_PREFIX, CertificateAuthority, fingerprint
-from controller.errors import PermissionDenied, Unauthenticated
-from nodeagent import anonymous
+from tether.controller.ca import ADMIN_URI_PREFIX, NODE_URI_PREFIX, CertificateAuthority, fingerprint
+from tether.controller.errors import PermissionDenied, Unauthenticated
+from tether.nodeagent import anonymous
 
 
 class Kind(str, enum.Enum):

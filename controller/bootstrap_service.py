@@ -1,6 +1,6 @@
 """``AdminService.Bootstrap``: the controller adopts a machine for a gRPC client.
 
-The same pipeline as ``tetherctl bootstrap`` (``bootstrap.install.adopt``), run inside the
+The same pipeline as ``tetherctl bootstrap`` (``tether.bootstrap.install.adopt``), run inside the
 controller: join tokens come straight from the store, node records from the store and the hub.
 The request's credentials are wrapped in ``Secret`` for the length of the call and dropped with
 it; they are never stored or logged (the process redactor masks them in case a library tries).
@@ -26,25 +26,25 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from bootstrap import ssh, ssm
-from bootstrap.bundle import BundleBuilder
-from bootstrap.bundle_http import BundleServer
-from bootstrap.delivery import Delivery, Push, S3Presigned, Served
-from bootstrap.errors import ControllerError as BootstrapControllerError
-from bootstrap.events import BootstrapEvent
-from bootstrap.hostkeys import HostKeyPolicy
-from bootstrap.install import Opener, Request, adopt
-from bootstrap.registry import JoinToken, NodeView
-from bootstrap.transport import Transport
-from controller import tokens, wire
-from controller.app import App
-from controller.errors import InvalidArgument, NotFound
-from controller.listen import WILDCARDS
-from controller.nodestate import node_state
-from nodeagent import logs
-from nodeagent.identity import split_address
-from nodeagent.model import Role, now_ms
-from nodeagent.secrets import PROCESS_REDACTOR, Redactor, Secret
+from tether.bootstrap import ssh, ssm
+from tether.bootstrap.bundle import BundleBuilder
+from tether.bootstrap.bundle_http import BundleServer
+from tether.bootstrap.delivery import Delivery, Push, S3Presigned, Served
+from tether.bootstrap.errors import ControllerError as BootstrapControllerError
+from tether.bootstrap.events import BootstrapEvent
+from tether.bootstrap.hostkeys import HostKeyPolicy
+from tether.bootstrap.install import Opener, Request, adopt
+from tether.bootstrap.registry import JoinToken, NodeView
+from tether.bootstrap.transport import Transport
+from tether.controller import tokens, wire
+from tether.controller.app import App
+from tether.controller.errors import InvalidArgument, NotFound
+from tether.controller.listen import WILDCARDS
+from tether.controller.nodestate import node_state
+from tether.nodeagent import logs
+from tether.nodeagent.identity import split_address
+from tether.nodeagent.model import Role, now_ms
+from tether.nodeagent.secrets import PROCESS_REDACTOR, Redactor, Secret
 
 log = logs.get_logger("tether.controller.bootstrap")
 DEFAULT_VERIFY_SECONDS = 180
@@ -52,7 +52,7 @@ _builders: dict[Path, BundleBuilder] = {}
 
 
 class StoreRegistry:
-    """``bootstrap.registry.Registry`` over the controller's own store."""
+    """``tether.bootstrap.registry.Registry`` over the controller's own store."""
 
     def __init__(self, app: App, who: str) -> None:
         self.app = app

@@ -20,8 +20,14 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from controller.errors import InvalidArgument
-from nodeagent.identity import CONTROLLER_SERVER_NAME, generate_key, read_private, spki_hash, write_private
+from tether.controller.errors import InvalidArgument
+from tether.nodeagent.identity import (
+    CONTROLLER_SERVER_NAME,
+    generate_key,
+    read_private,
+    spki_hash,
+    write_private,
+)
 
 NODE_URI_PREFIX = "spiffe://tether/node/"
 ADMIN_URI_PREFIX = "spiffe://tether/admin/"

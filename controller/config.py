@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from controller.limits import ENROLL_RATE_PER_SECOND, NODE_OUTPUT_BYTES_PER_SECOND
-from nodeagent.limits import MAX_DOCUMENT_BYTES
+from tether.controller.limits import ENROLL_RATE_PER_SECOND, NODE_OUTPUT_BYTES_PER_SECOND
+from tether.nodeagent.limits import MAX_DOCUMENT_BYTES
 
 
 @dataclass(frozen=True)

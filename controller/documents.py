@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import asyncio
 
-from controller.errors import InvalidArgument
-from controller.limits import DOCUMENT_PARSES
-from controller.spec import LoadedSpec, load_document
-from nodeagent.limits import MAX_DOCUMENT_BYTES, KiB, size_text
+from tether.controller.errors import InvalidArgument
+from tether.controller.limits import DOCUMENT_PARSES
+from tether.controller.spec import LoadedSpec, load_document
+from tether.nodeagent.limits import MAX_DOCUMENT_BYTES, KiB, size_text
 
 
 def _size_text(size: int) -> str:

@@ -17,15 +17,15 @@ from cryptography import x509
 from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 
-from controller import tokens, wire
-from controller.ca import IssuedCert
-from controller.errors import AlreadyExists, InvalidArgument, TokenRejected
-from controller.store.base import Store
-from controller.store.records import NodeRecord
-from controller.tokens import TokenRecord
-from nodeagent.identity import CONTROLLER_SERVER_NAME
-from nodeagent.model import now_ms
-from nodeagent.secrets import Secret
+from tether.controller import tokens, wire
+from tether.controller.ca import IssuedCert
+from tether.controller.errors import AlreadyExists, InvalidArgument, TokenRejected
+from tether.controller.store.base import Store
+from tether.controller.store.records import NodeRecord
+from tether.controller.tokens import TokenRecord
+from tether.nodeagent.identity import CONTROLLER_SERVER_NAME
+from tether.nodeagent.model import now_ms
+from tether.nodeagent.secrets import Secret
 
 NODE_NAME_RE = re.compile(r"[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?")
 # Names a node certificate must never carry (they name the controller in TLS).

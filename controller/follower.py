@@ -12,11 +12,11 @@ from collections import deque
 
 import grpc
 
-from controller.errors import ControllerError
-from controller.limits import FOLLOWER_QUEUE_BYTES
-from controller.quotas import event_bytes as text_bytes
-from nodeagent.limits import size_text
-from nodeagent.model import Event
+from tether.controller.errors import ControllerError
+from tether.controller.limits import FOLLOWER_QUEUE_BYTES
+from tether.controller.quotas import event_bytes as text_bytes
+from tether.nodeagent.limits import size_text
+from tether.nodeagent.model import Event
 
 _EVENT_OVERHEAD = 256  # the event object, its fields and its place in the queue
 _STRING_OVERHEAD = 56

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol
 
-from controller.store.records import NodeRecord
-from nodeagent import logs
+from tether.controller.store.records import NodeRecord
+from tether.nodeagent import logs
 
 log = logs.get_logger("tether.controller.gates")
 

@@ -24,16 +24,16 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from controller.config import ControllerConfig
-from controller.limits import (
+from tether.controller.config import ControllerConfig
+from tether.controller.limits import (
     ANONYMOUS_CONCURRENCY,
     ANONYMOUS_WAIT_SECONDS,
     ENROLL_BURST,
     ENROLL_RATE_PER_SECOND,
     TokenBucket,
 )
-from controller.refusals import REFUSALS, RefusalLog
-from nodeagent.limits import ANONYMOUS_MESSAGE_BYTES
+from tether.controller.refusals import REFUSALS, RefusalLog
+from tether.nodeagent.limits import ANONYMOUS_MESSAGE_BYTES
 
 if TYPE_CHECKING:
     Handler = grpc.RpcMethodHandler[Any, Any]

@@ -9,10 +9,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from controller.follower import Follower
-from controller.limits import FOLLOWER_QUEUE_BYTES
-from controller.refusals import REFUSALS
-from nodeagent.model import Event, Health
+from tether.controller.follower import Follower
+from tether.controller.limits import FOLLOWER_QUEUE_BYTES
+from tether.controller.refusals import REFUSALS
+from tether.nodeagent.model import Event, Health
 
 
 @dataclass(eq=False)

@@ -1,6 +1,6 @@
 """Every limit the controller enforces: one number each, all here (docs/security.md lists them).
 
-Wire sizes shared with the clients live in ``nodeagent.limits``; what follows is the controller's
+Wire sizes shared with the clients live in ``tether.nodeagent.limits``; what follows is the controller's
 own: rates, quotas, queue sizes and caches. A limit that an operator may change is a
 ``ControllerConfig`` field whose default is the number below.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from nodeagent.limits import (  # noqa: F401 (re-exported: one import for the controller's code)
+from tether.nodeagent.limits import (  # noqa: F401 (re-exported: one import for the controller's code)
     ANONYMOUS_MESSAGE_BYTES,
     ENVELOPE_BYTES,
     EVENT_BATCH_BYTES,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import errno
 import socket
 
-from controller.errors import ControllerError
+from tether.controller.errors import ControllerError
 
 MAX_PORT = 65535
 WILDCARDS = ("0.0.0.0", "::", "")  # noqa: S104 (every address: recognised, not bound)

@@ -16,13 +16,13 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from controller.config import ControllerConfig
-from controller.limits import ENROLL_RATE_PER_SECOND, NODE_OUTPUT_BYTES_PER_SECOND
-from nodeagent import logs
-from nodeagent.limits import MAX_DOCUMENT_BYTES
+from tether.controller.config import ControllerConfig
+from tether.controller.limits import ENROLL_RATE_PER_SECOND, NODE_OUTPUT_BYTES_PER_SECOND
+from tether.nodeagent import logs
+from tether.nodeagent.limits import MAX_DOCUMENT_BYTES
 
 if TYPE_CHECKING:
-    from controller.admins import AdminRegistry
+    from tether.controller.admins import AdminRegistry
 
 
 def _positive(text: str) -> int:
@@ -131,8 +131,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def bundle_command(args: argparse.Namespace) -> int:
     """``tether-controller agent-bundle add|list``: the running controller sees a new file at once."""
-    from controller.agentbundles import AgentBundles, add_file
-    from controller.errors import ControllerError
+    from tether.controller.agentbundles import AgentBundles, add_file
+    from tether.controller.errors import ControllerError
 
     directory = args.agent_bundles or args.data_dir / "agent-bundles"
     try:
@@ -150,8 +150,8 @@ def bundle_command(args: argparse.Namespace) -> int:
 
 def admin_command(args: argparse.Namespace) -> int:
     """``tether-controller admin issue|list|revoke``: run on the controller's host, as its user."""
-    from controller.admins import AdminRegistry
-    from controller.errors import ControllerError
+    from tether.controller.admins import AdminRegistry
+    from tether.controller.errors import ControllerError
 
     current = args.data_dir / "admin.conf"
     if not (args.data_dir / "pki" / "ca.key").exists() or not current.exists():
@@ -181,8 +181,8 @@ def admin_command(args: argparse.Namespace) -> int:
 
 def issue_admin(args: argparse.Namespace, registry: AdminRegistry) -> int:
     """Sign an admin certificate with the controller's CA, record it, write a complete admin config."""
-    from controller.adminconf import AdminConfig
-    from controller.ca import CertificateAuthority
+    from tether.controller.adminconf import AdminConfig
+    from tether.controller.ca import CertificateAuthority
 
     ca = CertificateAuthority.load_or_create(args.data_dir / "pki")
     address = AdminConfig.read(args.data_dir / "admin.conf").controller
@@ -198,7 +198,7 @@ def issue_admin(args: argparse.Namespace, registry: AdminRegistry) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "version":
-        from controller import __version__
+        from tether.controller import __version__
 
         print(__version__)
         return 0
@@ -229,10 +229,10 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
 
-    from controller.errors import ControllerError
+    from tether.controller.errors import ControllerError
 
     try:
-        from controller.server import serve
+        from tether.controller.server import serve
 
         _install_uvloop()
         asyncio.run(serve(config, on_ready=ready, on_metrics=lambda a: print(f"metrics on {a}", flush=True)))

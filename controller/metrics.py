@@ -40,8 +40,8 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from controller import __version__
-from controller.errors import (
+from tether.controller import __version__
+from tether.controller.errors import (
     AlreadyExists,
     ControllerError,
     InvalidArgument,
@@ -49,19 +49,19 @@ from controller.errors import (
     ResourceExhausted,
     TokenRejected,
 )
-from controller.limits import (
+from tether.controller.limits import (
     METRICS_PROBE_SECONDS,
     METRICS_REQUEST_TIMEOUT_SECONDS,
     METRICS_SCAN_MIN_SECONDS,
 )
-from controller.listen import WILDCARDS, ListenError, parse
-from controller.nodestate import NodeState
-from controller.rollout.state import NodeStage, RolloutStatus
-from nodeagent import logs
-from nodeagent.model import Event, EventKind
+from tether.controller.listen import WILDCARDS, ListenError, parse
+from tether.controller.nodestate import NodeState
+from tether.controller.rollout.state import NodeStage, RolloutStatus
+from tether.nodeagent import logs
+from tether.nodeagent.model import Event, EventKind
 
 if TYPE_CHECKING:
-    from controller.app import App
+    from tether.controller.app import App
 
 log = logs.get_logger("tether.controller.metrics")
 T = TypeVar("T")
@@ -122,7 +122,7 @@ BUILD_INFO.labels(__version__).set(1)
 for _result in ENROLL_RESULTS:
     ENROLLMENTS.labels(_result)
 
-# Per node: revoked, has a plan, steps that fail it, steps not done (as controller.nodestate decides).
+# Per node: revoked, has a plan, steps that fail it, steps not done (as tether.controller.nodestate decides).
 NODE_SCAN_SQL = """
 SELECT n.name, n.environment, n.revoked, n.plan_digest != '',
        COALESCE(s.blocking, 0), COALESCE(s.undone, 0)

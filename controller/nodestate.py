@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 
-from controller.store.records import NodeRecord, StepRecord
+from tether.controller.store.records import NodeRecord, StepRecord
 
 DONE_STATES = frozenset({"succeeded", "skipped"})
 

@@ -11,12 +11,12 @@ from collections import OrderedDict
 from dataclasses import replace
 from typing import Protocol
 
-from controller.cluster.context import ClusterContext
-from controller.limits import PLAN_CACHE_ENTRIES
-from controller.render import NodeContext, render
-from controller.spec import LoadedSpec, load_document
-from controller.store import EnvironmentRecord, Store
-from nodeagent.model import AgentTarget, HostFacts, Plan
+from tether.controller.cluster.context import ClusterContext
+from tether.controller.limits import PLAN_CACHE_ENTRIES
+from tether.controller.render import NodeContext, render
+from tether.controller.spec import LoadedSpec, load_document
+from tether.controller.store import EnvironmentRecord, Store
+from tether.nodeagent.model import AgentTarget, HostFacts, Plan
 
 SPECS_PER_ENVIRONMENT = 4  # parsed generations kept per environment (a rollout needs two)
 
@@ -29,7 +29,7 @@ def stable_facts(facts: HostFacts) -> HostFacts:
 
 
 class Bundles(Protocol):
-    """Where the planner learns what an agent version's bundle is (``controller.agentbundles``)."""
+    """Where the planner learns what an agent version's bundle is (``tether.controller.agentbundles``)."""
 
     def target(self, version: str) -> AgentTarget | None: ...
 

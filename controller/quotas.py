@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from controller.limits import (
+from tether.controller.limits import (
     NODE_CONNECTS_PER_MINUTE,
     NODE_EVENTS_BURST,
     NODE_EVENTS_PER_SECOND,
@@ -22,8 +22,8 @@ from controller.limits import (
     QUOTA_PAUSE_SECONDS,
     TokenBucket,
 )
-from nodeagent.limits import size_text
-from nodeagent.model import Event
+from tether.nodeagent.limits import size_text
+from tether.nodeagent.model import Event
 
 MAX_STEP_NAME = 253  # what a summarised event keeps of its step name and digest
 MAX_DIGEST = 64

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from controller.limits import REFUSED_LOG_PER_SECOND, TokenBucket
-from nodeagent import logs
+from tether.controller.limits import REFUSED_LOG_PER_SECOND, TokenBucket
+from tether.nodeagent import logs
 
 _log = logs.get_logger("tether.controller.refused")
 

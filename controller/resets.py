@@ -1,9 +1,9 @@
 """Letting nodes go: ``tetherctl node delete`` (forget a node) and ``node reset`` (deprovision it).
 
 A reset is durable: ``reset/NODE`` in the store holds its deadline. While it is there the node's
-plan is the reset plan (``controller.render.deprovision``), delivered like any plan (at once when
+plan is the reset plan (``tether.controller.render.deprovision``), delivered like any plan (at once when
 the node is connected, else when it connects). The agent runs it, reports the reset done (step
-``nodeagent.deprovision.RESET_DONE_STEP``) and removes itself; the controller then forgets the
+``tether.nodeagent.deprovision.RESET_DONE_STEP``) and removes itself; the controller then forgets the
 node: its record, steps, events and cluster bookkeeping. A reset not reported by its deadline is
 given up: the node is revoked and forgotten, with a warning saying so. An environment deleted
 with ``--reset`` goes once its last node has.
@@ -18,13 +18,13 @@ import json
 from collections.abc import Coroutine, Sequence
 from typing import Any
 
-from controller.app import App
-from controller.limits import RESET_CLOSE_GRACE_SECONDS, RESET_TIMEOUT_SECONDS
-from controller.render.deprovision import render_deprovision
-from controller.store.records import NodeRecord
-from nodeagent import logs
-from nodeagent.deprovision import RESET_DONE_STEP
-from nodeagent.model import Event, Plan, Role, now_ms
+from tether.controller.app import App
+from tether.controller.limits import RESET_CLOSE_GRACE_SECONDS, RESET_TIMEOUT_SECONDS
+from tether.controller.render.deprovision import render_deprovision
+from tether.controller.store.records import NodeRecord
+from tether.nodeagent import logs
+from tether.nodeagent.deprovision import RESET_DONE_STEP
+from tether.nodeagent.model import Event, Plan, Role, now_ms
 
 log = logs.get_logger("tether.controller.resets")
 

@@ -9,9 +9,9 @@ from typing import Any, TypeVar
 
 import grpc
 
-from controller import metrics
-from controller.errors import ControllerError, InvalidArgument
-from nodeagent import logs
+from tether.controller import metrics
+from tether.controller.errors import ControllerError, InvalidArgument
+from tether.nodeagent import logs
 
 log = logs.get_logger("tether.controller.rpc")
 R = TypeVar("R")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from nodeagent.identity import read_private, write_private
+from tether.nodeagent.identity import read_private, write_private
 
 NONCE = 12
 

@@ -14,31 +14,31 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from controller import metrics, wire
-from controller.admin_service import AdminService
-from controller.adminconf import AdminConfig
-from controller.admins import AdminRegistry
-from controller.agent_service import AgentService
-from controller.agentbundles import agent_bundles
-from controller.app import App
-from controller.auth import Authenticator
-from controller.ca import CertificateAuthority
-from controller.cluster.orchestrator import Orchestrator
-from controller.config import ControllerConfig
-from controller.errors import ControllerError
-from controller.guard import Guard, enroll_bucket
-from controller.hub import Hub
-from controller.listen import WILDCARDS, ListenError, preflight
-from controller.planner import Planner
-from controller.rollout import RolloutDriver
-from controller.secretbox import SecretBox
-from controller.spec import load_document
-from controller.store import SqliteStore
-from controller.transport import server_options
-from nodeagent import anonymous, logs, systemd
-from nodeagent.facts import local_addresses
-from nodeagent.identity import split_address
-from nodeagent.secrets import PROCESS_REDACTOR
+from tether.controller import metrics, wire
+from tether.controller.admin_service import AdminService
+from tether.controller.adminconf import AdminConfig
+from tether.controller.admins import AdminRegistry
+from tether.controller.agent_service import AgentService
+from tether.controller.agentbundles import agent_bundles
+from tether.controller.app import App
+from tether.controller.auth import Authenticator
+from tether.controller.ca import CertificateAuthority
+from tether.controller.cluster.orchestrator import Orchestrator
+from tether.controller.config import ControllerConfig
+from tether.controller.errors import ControllerError
+from tether.controller.guard import Guard, enroll_bucket
+from tether.controller.hub import Hub
+from tether.controller.listen import WILDCARDS, ListenError, preflight
+from tether.controller.planner import Planner
+from tether.controller.rollout import RolloutDriver
+from tether.controller.secretbox import SecretBox
+from tether.controller.spec import load_document
+from tether.controller.store import SqliteStore
+from tether.controller.transport import server_options
+from tether.nodeagent import anonymous, logs, systemd
+from tether.nodeagent.facts import local_addresses
+from tether.nodeagent.identity import split_address
+from tether.nodeagent.secrets import PROCESS_REDACTOR
 
 log = logs.get_logger("tether.controller")
 

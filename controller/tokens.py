@@ -13,9 +13,9 @@ import re
 import secrets
 from dataclasses import dataclass
 
-from controller.errors import TokenRejected
-from nodeagent.model import now_ms
-from nodeagent.secrets import Secret
+from tether.controller.errors import TokenRejected
+from tether.nodeagent.model import now_ms
+from tether.nodeagent.secrets import Secret
 
 ID_LEN = 6
 SECRET_LEN = 32

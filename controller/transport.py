@@ -3,7 +3,7 @@ importing the rest of the controller)."""
 
 from __future__ import annotations
 
-from nodeagent.limits import MAX_DOCUMENT_BYTES, MAX_SEND_BYTES, receive_bytes
+from tether.nodeagent.limits import MAX_DOCUMENT_BYTES, MAX_SEND_BYTES, receive_bytes
 
 _BASE_OPTIONS: list[tuple[str, int]] = [
     ("grpc.so_reuseport", 0),  # a second controller on the same port must fail, not share it

@@ -1,19 +1,19 @@
 """The controller's side of the wire: the only controller module that imports ``*_pb2``.
 
 Admin-specific conversions live here; the shared ones (plans, events, facts,
-health) come from ``nodeagent.wire``.
+health) come from ``tether.nodeagent.wire``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from controller import tokens
-from controller.cluster.health import Report
-from controller.store.records import EnvironmentRecord, NodeRecord, StepRecord
-from controller.tokens import TokenRecord
-from nodeagent.model import Health, HostFacts
-from nodeagent.wire import (
+from tether.controller import tokens
+from tether.controller.cluster.health import Report
+from tether.controller.store.records import EnvironmentRecord, NodeRecord, StepRecord
+from tether.controller.tokens import TokenRecord
+from tether.nodeagent.model import Health, HostFacts
+from tether.nodeagent.wire import (
     event_from_pb,
     event_to_pb,
     facts_from_pb,

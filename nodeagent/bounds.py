@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from nodeagent import logs, wire
-from nodeagent.limits import EVENT_BATCH_BYTES, MAX_LINE_BYTES
-from nodeagent.model import Event, EventKind
+from tether.nodeagent import logs, wire
+from tether.nodeagent.limits import EVENT_BATCH_BYTES, MAX_LINE_BYTES
+from tether.nodeagent.model import Event, EventKind
 
 log = logs.get_logger("tether.agent.outbox")
 

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import grpc
 
-from nodeagent import wire
-from nodeagent.channel import secure_channel
-from nodeagent.identity import Identity
-from nodeagent.limits import AGENT_BUNDLE_CHUNK_BYTES, AGENT_BUNDLE_MAX_BYTES, size_text
-from nodeagent.model import AgentTarget
-from nodeagent.upgrade import UpgradeError
+from tether.nodeagent import wire
+from tether.nodeagent.channel import secure_channel
+from tether.nodeagent.identity import Identity
+from tether.nodeagent.limits import AGENT_BUNDLE_CHUNK_BYTES, AGENT_BUNDLE_MAX_BYTES, size_text
+from tether.nodeagent.model import AgentTarget
+from tether.nodeagent.upgrade import UpgradeError
 
 FETCH_TIMEOUT_SECONDS = 900.0  # one whole download, all chunks
 

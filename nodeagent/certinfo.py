@@ -11,7 +11,7 @@ import base64
 import datetime as dt
 from dataclasses import dataclass
 
-from nodeagent.errors import IdentityError
+from tether.nodeagent.errors import IdentityError
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import grpc
 
-from nodeagent.identity import CONTROLLER_SERVER_NAME
-from nodeagent.limits import client_options
+from tether.nodeagent.identity import CONTROLLER_SERVER_NAME
+from tether.nodeagent.limits import client_options
 
 KEEPALIVE_OPTIONS: list[tuple[str, int | str]] = [
     ("grpc.keepalive_time_ms", 30_000),

@@ -24,9 +24,9 @@ from typing import Any
 
 import yaml
 
-from nodeagent.errors import ConfigError
-from nodeagent.identity import IdentityStore, normalize_ca_hash, read_private, split_address
-from nodeagent.secrets import Secret
+from tether.nodeagent.errors import ConfigError
+from tether.nodeagent.identity import IdentityStore, normalize_ca_hash, read_private, split_address
+from tether.nodeagent.secrets import Secret
 
 DEFAULT_CONFIG = Path("/etc/tether/agent.yaml")
 DEFAULT_STATE_DIR = Path("/var/lib/tether")
@@ -48,7 +48,7 @@ class AgentConfig:
     reboot_command: tuple[str, ...] = ("systemctl", "reboot")
     log_level: str = "info"
     shell: str = "bash"
-    metrics_textfile: Path | None = None  # node-exporter textfile collector file (nodeagent.textfile)
+    metrics_textfile: Path | None = None  # node-exporter textfile collector file (tether.nodeagent.textfile)
 
 
 KNOWN_KEYS = {

@@ -2,7 +2,7 @@
 
 The controller's reset plan (``Plan.deprovision``) first runs its steps (leave the cluster); the
 agent then reports the reset done (an event on step ``RESET_DONE_STEP``), waits for the
-controller to hold it (at most ``nodeagent.limits.RESET_REPORT_SECONDS``), and removes itself
+controller to hold it (at most ``tether.nodeagent.limits.RESET_REPORT_SECONDS``), and removes itself
 here, once its state database is closed.
 
 Under systemd the agent cannot stop its own unit (``KillMode=control-group``: the stop would kill
@@ -27,8 +27,8 @@ from pathlib import Path
 
 import yaml
 
-from nodeagent import logs
-from nodeagent.upgrade import Install
+from tether.nodeagent import logs
+from tether.nodeagent.upgrade import Install
 
 log = logs.get_logger("tether.agent.deprovision")
 

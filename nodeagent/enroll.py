@@ -10,12 +10,12 @@ import asyncio
 
 import grpc
 
-from nodeagent import anonymous, logs, wire
-from nodeagent.channel import secure_channel
-from nodeagent.config import AgentConfig
-from nodeagent.errors import ControllerUnavailable, EnrollError
-from nodeagent.identity import Identity, IdentityStore, fetch_controller_ca, make_csr
-from nodeagent.model import HostFacts
+from tether.nodeagent import anonymous, logs, wire
+from tether.nodeagent.channel import secure_channel
+from tether.nodeagent.config import AgentConfig
+from tether.nodeagent.errors import ControllerUnavailable, EnrollError
+from tether.nodeagent.identity import Identity, IdentityStore, fetch_controller_ca, make_csr
+from tether.nodeagent.model import HostFacts
 
 log = logs.get_logger("tether.agent.enroll")
 

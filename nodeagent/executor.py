@@ -14,18 +14,18 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Protocol
 
-from nodeagent import logs
-from nodeagent.journal import Journal, JournalState
-from nodeagent.model import AgentTarget, Event, EventKind, Plan, Step, decoder
-from nodeagent.outbox import Outbox
-from nodeagent.runner import Runner, StepResult, kill_leftovers
-from nodeagent.statedb import StateDB
+from tether.nodeagent import logs
+from tether.nodeagent.journal import Journal, JournalState
+from tether.nodeagent.model import AgentTarget, Event, EventKind, Plan, Step, decoder
+from tether.nodeagent.outbox import Outbox
+from tether.nodeagent.runner import Runner, StepResult, kill_leftovers
+from tether.nodeagent.statedb import StateDB
 
 log = logs.get_logger("tether.agent.executor")
 
 
 class AgentUpgrade(Protocol):
-    """Moves the agent to the version a plan names (``nodeagent.upgrader.Upgrader``)."""
+    """Moves the agent to the version a plan names (``tether.nodeagent.upgrader.Upgrader``)."""
 
     def wanted(self, target: AgentTarget | None) -> bool: ...
 

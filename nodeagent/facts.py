@@ -13,8 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from nodeagent import __version__
-from nodeagent.model import ClusterNode, ClusterView, Gpu, Health, HostFacts, now_ms
+from tether.nodeagent import __version__
+from tether.nodeagent.model import ClusterNode, ClusterView, Gpu, Health, HostFacts, now_ms
 
 NVIDIA_PCI_VENDOR = "0x10de"
 # PCI class 0x03xxxx: display controllers (VGA 0x0300, 3D controller 0x0302).

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nodeagent import anonymous
-from nodeagent.errors import ControllerUnavailable, IdentityError
+from tether.nodeagent import anonymous
+from tether.nodeagent.errors import ControllerUnavailable, IdentityError
 
 if TYPE_CHECKING:
     from cryptography import x509

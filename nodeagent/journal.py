@@ -14,8 +14,8 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
-from nodeagent.model import now_ms
-from nodeagent.statedb import StateDB
+from tether.nodeagent.model import now_ms
+from tether.nodeagent.statedb import StateDB
 
 
 class JournalState(str, enum.Enum):

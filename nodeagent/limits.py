@@ -1,7 +1,7 @@
 """Wire limits shared by the agent, tetherctl and the controller: one number each.
 
 docs/security.md lists every limit with its default and where it is enforced. The agent
-imports only this module (never ``controller.limits``); the controller builds its own on it.
+imports only this module (never ``tether.controller.limits``); the controller builds its own on it.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from typing import Any, TextIO
 
 import structlog
 
-from nodeagent.secrets import PROCESS_REDACTOR, Secret
+from tether.nodeagent.secrets import PROCESS_REDACTOR, Secret
 
 bind = structlog.contextvars.bind_contextvars
 unbind = structlog.contextvars.unbind_contextvars

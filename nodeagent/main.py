@@ -13,7 +13,7 @@ it out of ``os.environ`` once read (steps never inherit it), and execs itself ag
 ``--token`` and without ``TETHER_JOIN_TOKEN`` once enrolled (or at once, when it already was), so
 ``/proc/PID/cmdline`` and ``/proc/PID/environ`` of the running agent do not hold it.
 
-A flag wins over the config file; see ``nodeagent.config`` for the whole order.
+A flag wins over the config file; see ``tether.nodeagent.config`` for the whole order.
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from nodeagent import __version__, facts, logs
-from nodeagent.config import DEFAULT_CONFIG, TOKEN_ENV, AgentConfig, load
-from nodeagent.errors import AgentError
+from tether.nodeagent import __version__, facts, logs
+from tether.nodeagent.config import DEFAULT_CONFIG, TOKEN_ENV, AgentConfig, load
+from tether.nodeagent.errors import AgentError
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -102,7 +102,7 @@ def _load_config(args: argparse.Namespace) -> AgentConfig:
 
 async def _run(config: AgentConfig, config_file: Path | None = None) -> bool:
     """Run the agent until a signal; True when it enrolled and should exec itself again."""
-    from nodeagent.session import Agent
+    from tether.nodeagent.session import Agent
 
     agent = Agent(config)
     agent.config_file = config_file  # a reset removes it
@@ -152,7 +152,7 @@ def _reexec() -> None:
 
 def _token_held(config: AgentConfig, token_in_env: bool) -> bool:
     """Whether this process still shows a join token (argv or environ) that it no longer needs."""
-    from nodeagent.identity import IdentityStore
+    from tether.nodeagent.identity import IdentityStore
 
     shown = token_in_env or scrubbed_argv(sys.orig_argv) != sys.orig_argv
     return shown and IdentityStore(config.state_dir).exists()
@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(asdict(facts.collect_facts()), indent=2))
         return 0
     if args.command == "status":
-        from nodeagent.session import state_summary
+        from tether.nodeagent.session import state_summary
 
         try:
             print(json.dumps(state_summary(args.state_dir), indent=2))

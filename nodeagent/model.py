@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
-from nodeagent.errors import CorruptRecord
+from tether.nodeagent.errors import CorruptRecord
 
 R = TypeVar("R")
 # What decoding a damaged record raises inside the decoders below (wrong types, missing keys).
@@ -144,7 +144,7 @@ class Plan:
     digest: str = ""
     agent: AgentTarget | None = None
     # A reset: run these steps (leave the cluster), then the agent removes itself, its config and
-    # state (``nodeagent.deprovision``).
+    # state (``tether.nodeagent.deprovision``).
     deprovision: bool = False
 
     @staticmethod

@@ -12,10 +12,10 @@ import json
 from collections.abc import Sequence
 from dataclasses import replace
 
-from nodeagent import bounds, wire
-from nodeagent.limits import EVENT_BATCH_BYTES, EVENT_BATCH_COUNT
-from nodeagent.model import Event, now_ms
-from nodeagent.statedb import StateDB
+from tether.nodeagent import bounds, wire
+from tether.nodeagent.limits import EVENT_BATCH_BYTES, EVENT_BATCH_COUNT
+from tether.nodeagent.model import Event, now_ms
+from tether.nodeagent.statedb import StateDB
 
 
 class Outbox:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from nodeagent.certinfo import CertInfo
+from tether.nodeagent.certinfo import CertInfo
 
 RETRY_AFTER_MAX = dt.timedelta(hours=1)
 RETRY_AFTER_MIN = dt.timedelta(seconds=5)  # an expired (or nearly) certificate: not every heartbeat

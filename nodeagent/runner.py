@@ -36,10 +36,10 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nodeagent.bounds import cut_text
-from nodeagent.limits import MAX_LINE_BYTES, STEP_SECRETS_BYTES
-from nodeagent.model import Step
-from nodeagent.secrets import LineRedactor, Redactor
+from tether.nodeagent.bounds import cut_text
+from tether.nodeagent.limits import MAX_LINE_BYTES, STEP_SECRETS_BYTES
+from tether.nodeagent.model import Step
+from tether.nodeagent.secrets import LineRedactor, Redactor
 
 OutputSink = Callable[[list[str]], Awaitable[None]]
 

@@ -24,12 +24,12 @@ from typing import Any
 
 import grpc
 
-from nodeagent import __version__, bundlefetch, deprovision, facts, logs, systemd, textfile, wire
-from nodeagent.certinfo import read_certinfo
-from nodeagent.channel import secure_channel
-from nodeagent.config import AgentConfig
-from nodeagent.enroll import enroll
-from nodeagent.errors import (
+from tether.nodeagent import __version__, bundlefetch, deprovision, facts, logs, systemd, textfile, wire
+from tether.nodeagent.certinfo import read_certinfo
+from tether.nodeagent.channel import secure_channel
+from tether.nodeagent.config import AgentConfig
+from tether.nodeagent.enroll import enroll
+from tether.nodeagent.errors import (
     AgentError,
     ControllerUnavailable,
     EnrollError,
@@ -37,17 +37,17 @@ from nodeagent.errors import (
     NodeReset,
     NodeRevoked,
 )
-from nodeagent.executor import Executor, scripts_dir
-from nodeagent.identity import Identity, IdentityStore, make_csr
-from nodeagent.limits import EVENT_BATCH_COUNT, RESET_REPORT_SECONDS
-from nodeagent.model import AgentTarget, Event, EventKind, Plan, Step
-from nodeagent.renewal import RenewalRule
-from nodeagent.runner import Runner
-from nodeagent.secrets import PROCESS_REDACTOR
-from nodeagent.statedb import DB_NAME, StateDB, state_error
-from nodeagent.supervise import Supervisor, local_fault
-from nodeagent.upgrade import Install
-from nodeagent.upgrader import Upgrader
+from tether.nodeagent.executor import Executor, scripts_dir
+from tether.nodeagent.identity import Identity, IdentityStore, make_csr
+from tether.nodeagent.limits import EVENT_BATCH_COUNT, RESET_REPORT_SECONDS
+from tether.nodeagent.model import AgentTarget, Event, EventKind, Plan, Step
+from tether.nodeagent.renewal import RenewalRule
+from tether.nodeagent.runner import Runner
+from tether.nodeagent.secrets import PROCESS_REDACTOR
+from tether.nodeagent.statedb import DB_NAME, StateDB, state_error
+from tether.nodeagent.supervise import Supervisor, local_fault
+from tether.nodeagent.upgrade import Install
+from tether.nodeagent.upgrader import Upgrader
 
 log = logs.get_logger("tether.agent")
 
@@ -663,9 +663,9 @@ def state_summary(state_dir: Path) -> dict[str, object]:
     db = StateDB(state_dir / DB_NAME, readonly=True)
     try:
         executor_plan = db.get_meta("plan")
-        from nodeagent.executor import plan_from_json
-        from nodeagent.journal import Journal
-        from nodeagent.outbox import Outbox
+        from tether.nodeagent.executor import plan_from_json
+        from tether.nodeagent.journal import Journal
+        from tether.nodeagent.outbox import Outbox
 
         plan = plan_from_json(executor_plan) if executor_plan else None
         journal = {e.digest: e for e in Journal(db).entries()}

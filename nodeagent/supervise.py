@@ -14,10 +14,10 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
-from nodeagent import logs
-from nodeagent.errors import AgentError, NodeReset, NodeRevoked, StateError, TaskFailed
-from nodeagent.secrets import PROCESS_REDACTOR
-from nodeagent.statedb import DB_NAME, corrupt_message, is_corrupt
+from tether.nodeagent import logs
+from tether.nodeagent.errors import AgentError, NodeReset, NodeRevoked, StateError, TaskFailed
+from tether.nodeagent.secrets import PROCESS_REDACTOR
+from tether.nodeagent.statedb import DB_NAME, corrupt_message, is_corrupt
 
 log = logs.get_logger("tether.agent")
 

@@ -13,9 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nodeagent import logs
-from nodeagent.journal import Journal, JournalState
-from nodeagent.model import Plan
+from tether.nodeagent import logs
+from tether.nodeagent.journal import Journal, JournalState
+from tether.nodeagent.model import Plan
 
 log = logs.get_logger("tether.agent.textfile")
 STEP_STATES = ("pending", *(s.value for s in JournalState))

@@ -18,7 +18,7 @@ bundle) once it has been welcomed by the controller and has sent a health report
 the deadline it exits, and the launcher rolls back on the next start. The old agent then reports
 ``rolled_back_from`` in its hello and does not try that bundle again.
 
-This module is the state on disk and the decisions; the download is ``nodeagent.bundlefetch``.
+This module is the state on disk and the decisions; the download is ``tether.nodeagent.bundlefetch``.
 """
 
 from __future__ import annotations
@@ -36,10 +36,10 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import nodeagent
-from nodeagent.errors import AgentError
-from nodeagent.facts import ARCH_ALIASES
-from nodeagent.model import AgentTarget
+from tether import nodeagent
+from tether.nodeagent.errors import AgentError
+from tether.nodeagent.facts import ARCH_ALIASES
+from tether.nodeagent.model import AgentTarget
 
 PENDING = "upgrade.pending"
 STARTS = "upgrade.starts"
@@ -56,7 +56,7 @@ class UpgradeError(AgentError):
 
 
 def bundle_id(sha256: str) -> str:
-    return sha256[:16]  # as the bootstrap names them (bootstrap.bundle.AgentBundle.bundle_id)
+    return sha256[:16]  # as the bootstrap names them (tether.bootstrap.bundle.AgentBundle.bundle_id)
 
 
 @dataclass(frozen=True)
@@ -70,11 +70,13 @@ class Install:
     def find(cls, module_file: str | None = None) -> Install | None:
         """The install this code runs from, or None (a source checkout, a wheel: no self-upgrade)."""
         here = Path(module_file or nodeagent.__file__ or "").resolve()
-        if len(here.parents) < 4:
+        depth = nodeagent.__name__.count(".") + 1  # <agents>/<id>/lib/tether/nodeagent/__init__.py
+        if len(here.parents) < depth + 3:
             return None
-        bundle = here.parents[2]  # <agents>/<id>/lib/nodeagent/__init__.py
+        lib = here.parents[depth]
+        bundle = lib.parent
         agents = bundle.parent
-        if here.parents[1].name != "lib" or not (bundle / "BUNDLE.json").is_file():
+        if lib.name != "lib" or not (bundle / "BUNDLE.json").is_file():
             return None
         if not (bundle / "launch.py").is_file() or not (agents / CURRENT).is_symlink():
             return None

@@ -2,7 +2,7 @@
 
 ``wanted`` decides (pure, apart from one event per refusal); ``apply`` downloads, stages, switches
 and asks the agent to exit so systemd restarts it into the new bundle; ``commit`` ends the
-probation of a new version that has reached the controller. ``nodeagent.upgrade`` holds the
+probation of a new version that has reached the controller. ``tether.nodeagent.upgrade`` holds the
 state on disk.
 """
 
@@ -13,11 +13,11 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from nodeagent import __version__, logs, upgrade
-from nodeagent.errors import AgentError
-from nodeagent.limits import UPGRADE_DEADLINE_SECONDS, size_text
-from nodeagent.model import AgentTarget, Event, EventKind
-from nodeagent.upgrade import Install, Startup, UpgradeError
+from tether.nodeagent import __version__, logs, upgrade
+from tether.nodeagent.errors import AgentError
+from tether.nodeagent.limits import UPGRADE_DEADLINE_SECONDS, size_text
+from tether.nodeagent.model import AgentTarget, Event, EventKind
+from tether.nodeagent.upgrade import Install, Startup, UpgradeError
 
 log = logs.get_logger("tether.agent.upgrade")
 

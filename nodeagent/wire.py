@@ -1,7 +1,7 @@
 """The agent's side of the wire: the only agent module that imports ``*_pb2``.
 
 Converts the shared types (plans, steps, events, facts, health) between
-protobuf messages and ``nodeagent.model``. The controller's ``wire`` reuses
+protobuf messages and ``tether.nodeagent.model``. The controller's ``wire`` reuses
 these for the common types.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from nodeagent.model import (
+from tether.nodeagent.model import (
     AgentTarget,
     ClusterNode,
     ClusterView,

@@ -13,8 +13,8 @@ only from there, or from ``$TETHER_WHEEL_DIR``) and unpacked into the tree at bu
 - tether-controller ships the project's own wheel (built from pyproject.toml: its import packages
   and console scripts are the one list of what is shipped) and the wheel's dependencies, pinned
   to the versions installed here, under /usr/lib/tether-controller/lib;
-- tether-agent ships the bootstrap's agent bundle (``bootstrap.bundle.build_archive``) unpacked
-  in the bootstrap's layout (``bootstrap.layout``), with the bootstrap's launcher.
+- tether-agent ships the bootstrap's agent bundle (``tether.bootstrap.bundle.build_archive``) unpacked
+  in the bootstrap's layout (``tether.bootstrap.layout``), with the bootstrap's launcher.
 """
 
 from __future__ import annotations
@@ -39,14 +39,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "proto"))  # the tether package
 
-from bootstrap.bundle import (  # noqa: E402  (after the path set-up)
+from tether.bootstrap.bundle import (  # noqa: E402  (after the path set-up)
     BundleSpec,
     _wheel_members,
     build_archive,
     pinned_requirements,
 )
-from bootstrap.layout import DEFAULT_LAYOUT, launcher  # noqa: E402
+from tether.bootstrap.layout import DEFAULT_LAYOUT, launcher  # noqa: E402
 
 TEMPLATES = ROOT / "packaging" / "deb"
 UNITS = ROOT / "packaging" / "systemd"
@@ -206,7 +207,7 @@ def stage_controller(target: Target, work: Path) -> tuple[Path, dict[str, str]]:
 
 def stage_agent(target: Target, work: Path) -> tuple[Path, dict[str, str]]:
     """The agent's tree (the bootstrap's layout) and its control fields."""
-    import nodeagent
+    from tether import nodeagent
 
     wheels = fetch_wheels(target, pinned_requirements(), work / "agent-wheels")
     archive = build_archive(target.spec, wheels)

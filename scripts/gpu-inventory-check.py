@@ -1,6 +1,6 @@
 """Check the agent's GPU inventory against nvidia-smi on a real GPU host.
 
-Needs only the Python standard library and this checkout (nodeagent.facts is stdlib-only),
+Needs only the Python standard library and this checkout (tether.nodeagent.facts is stdlib-only),
 so it runs on a bare GPU machine: `python3 scripts/gpu-inventory-check.py`. Prints one JSON
 object and exits non-zero when the agent's view disagrees with the driver's.
 """
@@ -15,8 +15,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "proto"))  # the tether package
 
-from nodeagent import facts
+from tether.nodeagent import facts
 
 
 def main() -> int:

@@ -1,6 +1,6 @@
 """The bootstrap's view of the controller from tetherctl: the admin API over grpc.aio.
 
-``AdminRegistry`` gives ``bootstrap.install`` node records and single-use join tokens;
+``AdminRegistry`` gives ``tether.bootstrap.install`` node records and single-use join tokens;
 ``remote_adopt`` asks the controller to adopt a machine itself (``AdminService.Bootstrap``) and
 turns its event stream back into ``BootstrapEvent`` values and a ``Result``.
 """
@@ -12,16 +12,16 @@ from typing import Any
 
 import grpc
 
-from bootstrap.detect import DetectedHost
-from bootstrap.errors import BootstrapError, ControllerError
-from bootstrap.events import BootstrapEvent, EventSink, Outcome, Step
-from bootstrap.install import Result
-from bootstrap.registry import JoinToken, NodeView
-from controller import wire
-from controller.adminconf import AdminConfig
-from controller.cli.client import channel_options
-from nodeagent.model import EventKind
-from nodeagent.secrets import Secret
+from tether.bootstrap.detect import DetectedHost
+from tether.bootstrap.errors import BootstrapError, ControllerError
+from tether.bootstrap.events import BootstrapEvent, EventSink, Outcome, Step
+from tether.bootstrap.install import Result
+from tether.bootstrap.registry import JoinToken, NodeView
+from tether.controller import wire
+from tether.controller.adminconf import AdminConfig
+from tether.controller.cli.client import channel_options
+from tether.nodeagent.model import EventKind
+from tether.nodeagent.secrets import Secret
 
 TIMEOUT = 30.0
 
@@ -36,7 +36,7 @@ def _refused(exc: grpc.aio.AioRpcError, what: str) -> ControllerError:
 
 
 class AdminRegistry:
-    """``bootstrap.registry.Registry`` over the admin gRPC API."""
+    """``tether.bootstrap.registry.Registry`` over the admin gRPC API."""
 
     def __init__(self, stub: Any, ca_hash: str) -> None:
         self.stub = stub

@@ -12,12 +12,12 @@ from typing import Any
 
 import grpc
 
-from bootstrap.inventory import Entry
-from controller import wire
-from controller.adminconf import AdminConfig
-from controller.cli.bootstrap_admin import aio_channel
-from controller.cli.client import CliError
-from nodeagent.model import Role
+from tether.bootstrap.inventory import Entry
+from tether.controller import wire
+from tether.controller.adminconf import AdminConfig
+from tether.controller.cli.bootstrap_admin import aio_channel
+from tether.controller.cli.client import CliError
+from tether.nodeagent.model import Role
 
 TIMEOUT = 30.0
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from controller.cli.output import plain
+from tether.controller.cli.output import plain
 
 DEFAULT_CONCURRENCY = 8
 
@@ -83,6 +83,6 @@ def add_parser(sub: Any) -> None:
 
 
 def command(args: argparse.Namespace) -> int:
-    from controller.cli import bootstrap_run  # asyncssh, boto3, cryptography: only when used
+    from tether.controller.cli import bootstrap_run  # asyncssh, boto3, cryptography: only when used
 
     return bootstrap_run.main(args)

@@ -21,26 +21,26 @@ from typing import Any
 
 import asyncssh
 
-from bootstrap import inventory, ssh, ssm
-from bootstrap.bundle import BundleBuilder, PipWheels
-from bootstrap.bundle_http import BundleServer
-from bootstrap.delivery import Delivery, Push, S3Presigned, Served
-from bootstrap.errors import BootstrapError
-from bootstrap.finished import finished_line
-from bootstrap.fleet import Machine, adopt_all
-from bootstrap.hostkeys import HostKeyPolicy
-from bootstrap.install import Request, Result
-from bootstrap.inventory import Entry
-from bootstrap.progress import Progress, summary
-from bootstrap.transport import Transport
-from controller import wire
-from controller.adminconf import AdminConfig
-from controller.cli.bootstrap_admin import AdminRegistry, aio_channel, remote_adopt
-from controller.cli.bootstrap_checks import check_with_controller
-from controller.cli.client import CliError, load_config
-from nodeagent import logs
-from nodeagent.identity import split_address
-from nodeagent.secrets import PROCESS_REDACTOR, Redactor, Secret
+from tether.bootstrap import inventory, ssh, ssm
+from tether.bootstrap.bundle import BundleBuilder, PipWheels
+from tether.bootstrap.bundle_http import BundleServer
+from tether.bootstrap.delivery import Delivery, Push, S3Presigned, Served
+from tether.bootstrap.errors import BootstrapError
+from tether.bootstrap.finished import finished_line
+from tether.bootstrap.fleet import Machine, adopt_all
+from tether.bootstrap.hostkeys import HostKeyPolicy
+from tether.bootstrap.install import Request, Result
+from tether.bootstrap.inventory import Entry
+from tether.bootstrap.progress import Progress, summary
+from tether.bootstrap.transport import Transport
+from tether.controller import wire
+from tether.controller.adminconf import AdminConfig
+from tether.controller.cli.bootstrap_admin import AdminRegistry, aio_channel, remote_adopt
+from tether.controller.cli.bootstrap_checks import check_with_controller
+from tether.controller.cli.client import CliError, load_config
+from tether.nodeagent import logs
+from tether.nodeagent.identity import split_address
+from tether.nodeagent.secrets import PROCESS_REDACTOR, Redactor, Secret
 
 
 def main(args: argparse.Namespace) -> int:

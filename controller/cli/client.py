@@ -10,12 +10,12 @@ from typing import Any
 
 import grpc
 
-from controller import wire
-from controller.adminconf import AdminConfig
-from controller.documents import check_size
-from controller.errors import InvalidArgument
-from nodeagent.identity import CONTROLLER_SERVER_NAME
-from nodeagent.limits import client_options
+from tether.controller import wire
+from tether.controller.adminconf import AdminConfig
+from tether.controller.documents import check_size
+from tether.controller.errors import InvalidArgument
+from tether.nodeagent.identity import CONTROLLER_SERVER_NAME
+from tether.nodeagent.limits import client_options
 
 DEFAULT_CONFIG = Path.home() / ".config" / "tether" / "admin.conf"
 

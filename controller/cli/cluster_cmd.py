@@ -6,9 +6,9 @@ import argparse
 import sys
 from typing import Any
 
-from controller import wire
-from controller.cli.client import CliError, Session
-from controller.cli.output import colour, emit, shape, table
+from tether.controller import wire
+from tether.controller.cli.client import CliError, Session
+from tether.controller.cli.output import colour, emit, shape, table
 
 
 def add_parser(sub: Any) -> None:

@@ -10,16 +10,16 @@ from typing import Any
 
 import grpc
 
-from controller import tokens, wire
-from controller.cli import describe, rollout_cmd
-from controller.cli.client import CliError, Session, check_size_here, explain, read_input
-from controller.cli.output import ago, colour, emit, shape, shape_times, table, when
-from controller.cli.waiting import UntilDone
-from controller.cluster.context import preview_context
-from controller.render import NodeContext, render
-from controller.render.targets import facts_for
-from controller.spec import SpecError, inline_local_files, load_document
-from nodeagent.model import Event, Plan
+from tether.controller import tokens, wire
+from tether.controller.cli import describe, rollout_cmd
+from tether.controller.cli.client import CliError, Session, check_size_here, explain, read_input
+from tether.controller.cli.output import ago, colour, emit, shape, shape_times, table, when
+from tether.controller.cli.waiting import UntilDone
+from tether.controller.cluster.context import preview_context
+from tether.controller.render import NodeContext, render
+from tether.controller.render.targets import facts_for
+from tether.controller.spec import SpecError, inline_local_files, load_document
+from tether.nodeagent.model import Event, Plan
 
 # -- environments ------------------------------------------------------------------------------
 

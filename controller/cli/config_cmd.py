@@ -6,10 +6,10 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from controller.adminconf import AdminConfig, Contexts
-from controller.cli.client import CliError, config_path
-from controller.cli.output import emit, table
-from controller.errors import InvalidArgument
+from tether.controller.adminconf import AdminConfig, Contexts
+from tether.controller.cli.client import CliError, config_path
+from tether.controller.cli.output import emit, table
+from tether.controller.errors import InvalidArgument
 
 
 def add_parser(sub: Any) -> None:

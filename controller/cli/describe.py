@@ -11,7 +11,7 @@ import textwrap
 from collections.abc import Iterable, Mapping
 from typing import Any, TextIO
 
-from controller.cli.output import ago, colour, table, terminal_width, when
+from tether.controller.cli.output import ago, colour, table, terminal_width, when
 
 MAX_WIDTH = 120
 LABEL = 14  # "Environment:  " and its kin

@@ -34,7 +34,7 @@ from collections.abc import Callable
 
 import grpc
 
-from controller.cli import (
+from tether.controller.cli import (
     bootstrap_cmd,
     cluster_cmd,
     commands,
@@ -45,9 +45,9 @@ from controller.cli import (
     version_cmd,
     waiting,
 )
-from controller.cli.client import CliError, explain
-from controller.cli.output import LIST_FORMATS, plain
-from nodeagent.limits import MAX_DOCUMENT_BYTES
+from tether.controller.cli.client import CliError, explain
+from tether.controller.cli.output import LIST_FORMATS, plain
+from tether.nodeagent.limits import MAX_DOCUMENT_BYTES
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -16,9 +16,9 @@ from typing import Any
 
 import grpc
 
-from controller import tokens, wire
-from controller.cli.client import CliError, Session
-from controller.limits import RESET_TIMEOUT_SECONDS
+from tether.controller import tokens, wire
+from tether.controller.cli.client import CliError, Session
+from tether.controller.limits import RESET_TIMEOUT_SECONDS
 
 POLL_SECONDS = 1.0
 EXIT_FAILED, EXIT_TIMEOUT = 1, 2

@@ -9,11 +9,11 @@ from typing import Any
 
 import grpc
 
-from controller import wire
-from controller.cli.client import CliError, Session, check_size_here, explain, read_input
-from controller.cli.output import LIST_FORMATS, colour, emit, shape, table, when
-from controller.spec import SpecError, inline_local_files
-from nodeagent.limits import MAX_DOCUMENT_BYTES
+from tether.controller import wire
+from tether.controller.cli.client import CliError, Session, check_size_here, explain, read_input
+from tether.controller.cli.output import LIST_FORMATS, colour, emit, shape, table, when
+from tether.controller.spec import SpecError, inline_local_files
+from tether.nodeagent.limits import MAX_DOCUMENT_BYTES
 
 DIFF_ERROR = 2  # kubectl diff: 0 nothing would change, 1 something would, >1 an error
 

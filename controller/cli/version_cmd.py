@@ -6,9 +6,9 @@ import argparse
 import sys
 from typing import Any
 
-from controller import __version__, wire
-from controller.cli.client import CliError, Session
-from controller.cli.output import emit
+from tether.controller import __version__, wire
+from tether.controller.cli.client import CliError, Session
+from tether.controller.cli.output import emit
 
 
 def add_parser(sub: Any) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from controller.spec.model import ClusterSpec, EnvironmentSpec
+from tether.controller.spec.model import ClusterSpec, EnvironmentSpec
 
 # The gate every joining node waits at, and the names of the cluster steps.
 JOIN_GATE = "cluster-join"
@@ -20,7 +20,7 @@ UNCORDON_STEP = "uncordon"
 # A reset (``tetherctl node reset``): after kubeadm reset, another control plane deletes the node.
 DELETE_NODE_GATE = "cluster-delete-node"
 DELETE_NODE_STEP = "delete-node"
-# The gated steps a control plane's kubectl task answers (controller.cluster.drain).
+# The gated steps a control plane's kubectl task answers (tether.controller.cluster.drain).
 DRAIN_GATES = {DRAIN_STEP: DRAIN_GATE, UNCORDON_STEP: UNCORDON_GATE, DELETE_NODE_STEP: DELETE_NODE_GATE}
 # What the controller releases those gates with (plain environment: nothing secret).
 GATE_RESULT = "TETHER_GATE_RESULT"  # "done", or anything else: the step fails with the message

@@ -1,5 +1,5 @@
 """The drain and uncordon gates (``spec.rollout.drain``): a node's disruptive steps run between them.
-A reset's plan (``controller.render.deprovision``) uses the drain gate too, and a delete-node gate
+A reset's plan (``tether.controller.render.deprovision``) uses the drain gate too, and a delete-node gate
 after ``kubeadm reset``, answered by another control plane's ``kubectl delete node``.
 
 A node that has not joined its cluster has nothing to drain: both gates open at once. Otherwise a
@@ -19,14 +19,14 @@ import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from controller import wire
-from controller.cluster.context import DELETE_NODE_STEP, GATE_DONE, GATE_MESSAGE, GATE_RESULT
-from controller.cluster.scripts import drain_task
-from controller.hub import Hub
-from controller.limits import DRAIN_MESSAGE_CHARS, DRAIN_TIMEOUT_SECONDS
-from controller.store import NodeRecord
-from nodeagent import logs
-from nodeagent.model import Event, EventKind
+from tether.controller import wire
+from tether.controller.cluster.context import DELETE_NODE_STEP, GATE_DONE, GATE_MESSAGE, GATE_RESULT
+from tether.controller.cluster.scripts import drain_task
+from tether.controller.hub import Hub
+from tether.controller.limits import DRAIN_MESSAGE_CHARS, DRAIN_TIMEOUT_SECONDS
+from tether.controller.store import NodeRecord
+from tether.nodeagent import logs
+from tether.nodeagent.model import Event, EventKind
 
 log = logs.get_logger("tether.controller.drain")
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from nodeagent.model import ClusterView, Role
+from tether.nodeagent.model import ClusterView, Role
 
 
 @dataclass(frozen=True)

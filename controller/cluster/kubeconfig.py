@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from controller.spec import bounded_yaml
+from tether.controller.spec import bounded_yaml
 
 # Per section of a kubeconfig: the keys that are removed wherever they appear.
 UNSAFE_USER_KEYS = frozenset(

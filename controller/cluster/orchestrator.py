@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 
 import yaml
 
-from controller import wire
-from controller.cluster import health
-from controller.cluster.context import (
+from tether.controller import wire
+from tether.controller.cluster import health
+from tether.controller.cluster.context import (
     DRAIN_GATES,
     INIT_STEP,
     JOIN_GATE,
@@ -43,21 +43,21 @@ from controller.cluster.context import (
     preview_context,
     with_port,
 )
-from controller.cluster.drain import COMMAND_PREFIX as DRAIN_COMMAND
-from controller.cluster.drain import Drainer
-from controller.cluster.kubeconfig import KubeconfigRefused, sanitise
-from controller.cluster.material import KUBECONFIG, JoinMaterial
-from controller.cluster.scripts import label_task, refresh_task
-from controller.errors import FailedPrecondition, NotFound
-from controller.hub import Hub
-from controller.nodestate import node_state
-from controller.secretbox import SecretBox
-from controller.spec import LoadedSpec, load_document
-from controller.spec.model import ClusterSpec
-from controller.store import EnvironmentRecord, NodeRecord, Store
-from nodeagent import logs
-from nodeagent.model import ClusterView, Event, EventKind, Role, health_from_dict, now_ms
-from nodeagent.secrets import Redactor
+from tether.controller.cluster.drain import COMMAND_PREFIX as DRAIN_COMMAND
+from tether.controller.cluster.drain import Drainer
+from tether.controller.cluster.kubeconfig import KubeconfigRefused, sanitise
+from tether.controller.cluster.material import KUBECONFIG, JoinMaterial
+from tether.controller.cluster.scripts import label_task, refresh_task
+from tether.controller.errors import FailedPrecondition, NotFound
+from tether.controller.hub import Hub
+from tether.controller.nodestate import node_state
+from tether.controller.secretbox import SecretBox
+from tether.controller.spec import LoadedSpec, load_document
+from tether.controller.spec.model import ClusterSpec
+from tether.controller.store import EnvironmentRecord, NodeRecord, Store
+from tether.nodeagent import logs
+from tether.nodeagent.model import ClusterView, Event, EventKind, Role, health_from_dict, now_ms
+from tether.nodeagent.secrets import Redactor
 
 log = logs.get_logger("tether.controller.cluster")
 
@@ -92,7 +92,7 @@ def _key(env: str, what: str) -> str:
 
 
 class Orchestrator:
-    """The gate keeper for cluster environments (``controller.gates.GateKeeper``)."""
+    """The gate keeper for cluster environments (``tether.controller.gates.GateKeeper``)."""
 
     def __init__(
         self,

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from controller.cluster.material import CERT_KEY, DEFAULT_TOKEN_TTL_S, TOKEN_TTL
-from nodeagent.model import Step
+from tether.controller.cluster.material import CERT_KEY, DEFAULT_TOKEN_TTL_S, TOKEN_TTL
+from tether.nodeagent.model import Step
 
 _PREAMBLE = """#!/usr/bin/env bash
 # tether cluster task: {what}

@@ -7,7 +7,7 @@ checks), ``targets`` (OS presets for offline rendering), ``components/`` (one mo
 template per component).
 """
 
-from controller.render.context import NodeContext
-from controller.render.plan import render
+from tether.controller.render.context import NodeContext
+from tether.controller.render.plan import render
 
 __all__ = ["NodeContext", "render"]

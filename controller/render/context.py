@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from controller.cluster.context import ClusterContext
-from controller.render.shell import Trusted
-from nodeagent.model import HostFacts
+from tether.controller.cluster.context import ClusterContext
+from tether.controller.render.shell import Trusted
+from tether.nodeagent.model import HostFacts
 
 FAMILIES = ("debian", "rhel", "amazon")
 ARCHES = {"amd64": "x86_64", "arm64": "aarch64"}

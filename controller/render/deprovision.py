@@ -3,7 +3,7 @@
 A node of a kubeadm cluster runs, in order (the anchors: ``k0sctl reset``, ``kubeadm reset``):
 
 1. ``drain``: a gated step; the controller opens it once a control plane ran ``kubectl cordon`` and
-   ``drain`` for the node (``controller.cluster.drain``; at once for a node that never joined);
+   ``drain`` for the node (``tether.controller.cluster.drain``; at once for a node that never joined);
 2. ``kubeadm-reset``: ``kubeadm reset -f`` (it stops the kubelet and, on a control plane, removes
    the node's etcd member), then the CNI configuration and the kubeconfig tether copied to root;
 3. ``delete-node``: a gated step; another control plane runs ``kubectl delete node`` (after the
@@ -12,13 +12,13 @@ A node of a kubeadm cluster runs, in order (the anchors: ``k0sctl reset``, ``kub
 
 A node of any other environment has no step. Either way the plan says ``deprovision``: once every
 step succeeded, the agent reports the reset done and removes its unit, config and state
-(``nodeagent.deprovision``). Pure: no I/O, no clock.
+(``tether.nodeagent.deprovision``). Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
 
-from controller.cluster.context import DELETE_NODE_GATE, DELETE_NODE_STEP, DRAIN_GATE, DRAIN_STEP
-from nodeagent.model import Plan, Step
+from tether.controller.cluster.context import DELETE_NODE_GATE, DELETE_NODE_STEP, DRAIN_GATE, DRAIN_STEP
+from tether.nodeagent.model import Plan, Step
 
 PHASE = "reset"
 KUBEADM_RESET_STEP = "kubeadm-reset"

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from controller.render.components import (
+from tether.controller.render.components import (
     cluster,
     containerd,
     crio,
@@ -39,10 +39,10 @@ from controller.render.components import (
     repos,
     toolkit,
 )
-from controller.render.context import NodeContext, target_of
-from controller.render.steps import RenderInput, unsupported
-from controller.spec.model import EnvironmentSpec
-from nodeagent.model import Plan, Step
+from tether.controller.render.context import NodeContext, target_of
+from tether.controller.render.steps import RenderInput, unsupported
+from tether.controller.spec.model import EnvironmentSpec
+from tether.nodeagent.model import Plan, Step
 
 Section = Callable[[RenderInput], list[Step]]
 

@@ -6,11 +6,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from controller.render.context import NodeContext, Target
-from controller.render.shell import q
-from controller.render.templating import render_template
-from controller.spec.model import EnvironmentSpec
-from nodeagent.model import Step
+from tether.controller.render.context import NodeContext, Target
+from tether.controller.render.shell import q
+from tether.controller.render.templating import render_template
+from tether.controller.spec.model import EnvironmentSpec
+from tether.nodeagent.model import Step
 
 HEADER = (
     "#!/usr/bin/env bash\n"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from nodeagent.model import HostFacts
+from tether.nodeagent.model import HostFacts
 
 OS_PRESETS: dict[str, tuple[str, str, str, str]] = {
     # key: (os_id, version_id, family, pretty name)

@@ -13,11 +13,11 @@ from typing import Any
 import jinja2
 from jinja2.sandbox import SandboxedEnvironment
 
-from controller.render import shell
+from tether.controller.render import shell
 
 
 def _load_templates() -> dict[str, str]:
-    folder = resources.files("controller.render.components")
+    folder = resources.files("tether.controller.render.components")
     return {p.name: p.read_text() for p in folder.iterdir() if p.name.endswith(".j2")}
 
 

@@ -5,7 +5,7 @@ pauses or completes), ``diff`` what a document would change on each node, and ``
 one task that observes the nodes, applies those decisions and hands out the plans.
 """
 
-from controller.rollout.driver import RolloutDriver, RolloutError
-from controller.rollout.state import NodeProgress, Rollout, RolloutStatus
+from tether.controller.rollout.driver import RolloutDriver, RolloutError
+from tether.controller.rollout.state import NodeProgress, Rollout, RolloutStatus
 
 __all__ = ["NodeProgress", "Rollout", "RolloutDriver", "RolloutError", "RolloutStatus"]

@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from controller.rollout.state import NodeProgress, NodeStage, Rollout, RolloutStatus
-from controller.spec.parse_rollout import resolve_count
+from tether.controller.rollout.state import NodeProgress, NodeStage, Rollout, RolloutStatus
+from tether.controller.spec.parse_rollout import resolve_count
 
 GONE = frozenset({"revoked", "gone"})
 
@@ -25,7 +25,7 @@ class Observed:
     """What a node of the rollout reports now."""
 
     generation: int  # the generation of its stored plan
-    state: str  # controller.nodestate.NodeState value, or "gone" (deleted)
+    state: str  # tether.controller.nodestate.NodeState value, or "gone" (deleted)
     failed_step: str = ""
     failed_message: str = ""
     agent_ok: bool = True  # runs the version the rollout asks for (or it asks for none)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from nodeagent.model import Plan
+from tether.nodeagent.model import Plan
 
 ADDED, CHANGED, REMOVED = "added", "changed", "removed"
 

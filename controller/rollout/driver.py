@@ -11,17 +11,17 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
 
-from controller.cluster.orchestrator import Orchestrator
-from controller.errors import FailedPrecondition, NotFound
-from controller.hub import Hub
-from controller.nodestate import node_state
-from controller.planner import Planner
-from controller.rollout.advance import Observed, advance
-from controller.rollout.state import NodeProgress, NodeStage, Rollout, RolloutStatus
-from controller.spec.model import RolloutPolicy
-from controller.store import EnvironmentRecord, NodeRecord, Store
-from nodeagent import logs
-from nodeagent.model import Role, facts_from_dict, now_ms
+from tether.controller.cluster.orchestrator import Orchestrator
+from tether.controller.errors import FailedPrecondition, NotFound
+from tether.controller.hub import Hub
+from tether.controller.nodestate import node_state
+from tether.controller.planner import Planner
+from tether.controller.rollout.advance import Observed, advance
+from tether.controller.rollout.state import NodeProgress, NodeStage, Rollout, RolloutStatus
+from tether.controller.spec.model import RolloutPolicy
+from tether.controller.store import EnvironmentRecord, NodeRecord, Store
+from tether.nodeagent import logs
+from tether.nodeagent.model import Role, facts_from_dict, now_ms
 
 log = logs.get_logger("tether.controller.rollouts")
 KEY_PREFIX = "rollout/"

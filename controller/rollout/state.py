@@ -6,7 +6,7 @@ import enum
 import json
 from dataclasses import asdict, dataclass, field, replace
 
-from controller.spec.model import RolloutPolicy
+from tether.controller.spec.model import RolloutPolicy
 
 
 class RolloutStatus(str, enum.Enum):

@@ -5,9 +5,9 @@ Modules: ``model`` (typed spec), ``load`` (``load_document``, ``SpecError``, ``L
 ``parse_*`` (one reader per spec section), ``defaults``, ``localfiles`` (tetherctl's inlining).
 """
 
-from controller.spec.load import API_VERSIONS, LoadedSpec, SpecError, load_document
-from controller.spec.localfiles import inline_local_files
-from controller.spec.model import (
+from tether.controller.spec.load import API_VERSIONS, LoadedSpec, SpecError, load_document
+from tether.controller.spec.localfiles import inline_local_files
+from tether.controller.spec.model import (
     ClusterSpec,
     CustomTemplate,
     DriverSpec,

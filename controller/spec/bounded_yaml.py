@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from controller.limits import MAX_YAML_DEPTH, MAX_YAML_NODES
+from tether.controller.limits import MAX_YAML_DEPTH, MAX_YAML_NODES
 
 
 class YamlLimit(yaml.YAMLError):

@@ -10,8 +10,8 @@ from typing import Any
 
 import yaml
 
-from controller.errors import InvalidArgument
-from controller.spec import (
+from tether.controller.errors import InvalidArgument
+from tether.controller.spec import (
     bounded_yaml,
     parse_cluster,
     parse_components,
@@ -20,8 +20,8 @@ from controller.spec import (
     parse_rollout,
     parse_sources,
 )
-from controller.spec.model import EnvironmentSpec
-from controller.spec.reader import Problems, Section
+from tether.controller.spec.model import EnvironmentSpec
+from tether.controller.spec.reader import Problems, Section
 
 HOLODECK_API = "holodeck.nvidia.com/v1alpha1"
 TETHER_API = "tether.dev/v1alpha1"

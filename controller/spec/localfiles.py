@@ -13,8 +13,8 @@ from typing import Any
 
 import yaml
 
-from controller.spec import bounded_yaml, checks
-from controller.spec.load import SpecError
+from tether.controller.spec import bounded_yaml, checks
+from tether.controller.spec.load import SpecError
 
 MAX_FILE = 1 << 20
 CONFIG_FIELDS = ("kubeAdmConfig", "kindConfig")

@@ -6,9 +6,9 @@ note; the pools' counts, labels and the HA endpoint are what cluster orchestrati
 
 from __future__ import annotations
 
-from controller.spec import checks
-from controller.spec.model import ClusterSpec, HighAvailability, NodePool
-from controller.spec.reader import Section
+from tether.controller.spec import checks
+from tether.controller.spec.model import ClusterSpec, HighAvailability, NodePool
+from tether.controller.spec.reader import Section
 
 CLOUD = "ignored: tether adopts machines that exist"
 MAX_CONTROL_PLANES = 7

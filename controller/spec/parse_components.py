@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from controller.spec import checks, defaults
-from controller.spec.model import RUNTIMES, DriverSpec, GitSource, KernelSpec, RuntimeSpec, ToolkitSpec
-from controller.spec.reader import Check, Section
+from tether.controller.spec import checks, defaults
+from tether.controller.spec.model import RUNTIMES, DriverSpec, GitSource, KernelSpec, RuntimeSpec, ToolkitSpec
+from tether.controller.spec.reader import Check, Section
 
 DEPRECATED = "deprecated alias of {}; still accepted"
 

@@ -6,9 +6,9 @@ import hashlib
 import re
 from typing import Any
 
-from controller.spec import checks
-from controller.spec.model import PHASES, ROLES, CustomTemplate
-from controller.spec.reader import Section
+from tether.controller.spec import checks
+from tether.controller.spec.model import PHASES, ROLES, CustomTemplate
+from tether.controller.spec.reader import Section
 
 NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 MAX_TIMEOUT = 24 * 3600

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from controller.spec import checks, defaults
-from controller.spec.model import INSTALLERS, KubernetesSpec
-from controller.spec.parse_components import git_source, legacy
-from controller.spec.reader import Section
+from tether.controller.spec import checks, defaults
+from tether.controller.spec.model import INSTALLERS, KubernetesSpec
+from tether.controller.spec.parse_components import git_source, legacy
+from tether.controller.spec.reader import Section
 
 
 def _v(version: str) -> str:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 import re
 
-from controller.spec.model import RolloutPolicy
-from controller.spec.reader import Section
+from tether.controller.spec.model import RolloutPolicy
+from tether.controller.spec.reader import Section
 
 _QUANTITY = re.compile(r"^(\d{1,6})(%?)$")
 MAX_CANARY = 10_000

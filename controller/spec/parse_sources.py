@@ -3,9 +3,9 @@ provider fields tether accepts and ignores."""
 
 from __future__ import annotations
 
-from controller.spec import checks
-from controller.spec.model import PackageRepositories, PackageRepository
-from controller.spec.reader import Section
+from tether.controller.spec import checks
+from tether.controller.spec.model import PackageRepositories, PackageRepository
+from tether.controller.spec.reader import Section
 
 ADOPT = "ignored: tether adopts machines that exist"
 PROVIDER_FIELDS = ("provider", "auth", "instance", "loadBalancer")

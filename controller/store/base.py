@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-from controller.store.records import EnvironmentRecord, NodeRecord, StepRecord
-from controller.tokens import TokenRecord
-from nodeagent.model import Event, Plan
+from tether.controller.store.records import EnvironmentRecord, NodeRecord, StepRecord
+from tether.controller.tokens import TokenRecord
+from tether.nodeagent.model import Event, Plan
 
 
 class Store(Protocol):

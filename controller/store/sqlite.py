@@ -19,10 +19,10 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from controller.errors import StoreError
-from controller.store.records import EnvironmentRecord, NodeRecord, StepRecord
-from controller.tokens import TokenRecord
-from nodeagent.model import Event, EventKind, Plan, now_ms
+from tether.controller.errors import StoreError
+from tether.controller.store.records import EnvironmentRecord, NodeRecord, StepRecord
+from tether.controller.tokens import TokenRecord
+from tether.nodeagent.model import Event, EventKind, Plan, now_ms
 
 T = TypeVar("T")
 WriteFn = Callable[[sqlite3.Connection], Any]

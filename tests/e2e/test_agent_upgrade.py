@@ -20,11 +20,11 @@ from typing import Any
 import pytest
 import yaml
 
-import nodeagent
-from bootstrap.bundle import default_cache_dir
 from tests.e2e.testbed.testbed import Testbed
 from tests.integration.agent_bundles import build_version
 from tests.integration.harness import BIN, Controller, wait_for
+from tether import nodeagent
+from tether.bootstrap.bundle import default_cache_dir
 
 pytestmark = pytest.mark.e2e
 V2 = "0.1.0+e2e.2"
@@ -34,7 +34,7 @@ AGENTS = "/opt/tether/agent"
 DAMAGE = (
     f"while ! [ -f {AGENTS}/upgrade.pending ]; do sleep 0.1; done; "
     f"b=$(sed -n 's/^to_bundle=//p' {AGENTS}/upgrade.pending); "
-    f"echo 'raise ImportError(\"damaged on disk\")' > {AGENTS}/$b/lib/nodeagent/main.py"
+    f"echo 'raise ImportError(\"damaged on disk\")' > {AGENTS}/$b/lib/tether/nodeagent/main.py"
 )
 
 

@@ -28,23 +28,23 @@ from typing import Any
 import pytest
 import yaml
 
-from bootstrap import ssh
-from bootstrap.bundle import BundleBuilder, default_cache_dir
-from bootstrap.delivery import Push
-from bootstrap.events import BootstrapEvent, Outcome
-from bootstrap.hostkeys import HostKeyPolicy
-from bootstrap.install import Request, adopt
-from bootstrap.registry import JoinToken
-from bootstrap.transport import Transport
-from controller import wire
-from controller.adminconf import AdminConfig
-from controller.cli.bootstrap_admin import AdminRegistry, aio_channel
-from controller.cli.client import connect
-from controller.cli.output import to_dict
-from nodeagent.secrets import Redactor, Secret
 from tests.e2e.testbed.testbed import Testbed
 from tests.fakes.ssm_endpoint import SsmEndpoint, argv_executor
 from tests.integration.harness import BIN, Controller, wait_for
+from tether.bootstrap import ssh
+from tether.bootstrap.bundle import BundleBuilder, default_cache_dir
+from tether.bootstrap.delivery import Push
+from tether.bootstrap.events import BootstrapEvent, Outcome
+from tether.bootstrap.hostkeys import HostKeyPolicy
+from tether.bootstrap.install import Request, adopt
+from tether.bootstrap.registry import JoinToken
+from tether.bootstrap.transport import Transport
+from tether.controller import wire
+from tether.controller.adminconf import AdminConfig
+from tether.controller.cli.bootstrap_admin import AdminRegistry, aio_channel
+from tether.controller.cli.client import connect
+from tether.controller.cli.output import to_dict
+from tether.nodeagent.secrets import Redactor, Secret
 
 pytestmark = pytest.mark.e2e
 TOKEN_RE = re.compile(r"\b[a-z0-9]{6}\.[a-z0-9]{32}\b")  # any join token, whoever made it

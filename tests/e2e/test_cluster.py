@@ -28,10 +28,10 @@ from typing import Any
 import pytest
 import yaml
 
-from controller.cluster.material import JoinMaterial
-from controller.secretbox import SecretBox
 from tests.e2e.testbed.testbed import Testbed
 from tests.integration.harness import BIN, Controller, wait_for
+from tether.controller.cluster.material import JoinMaterial
+from tether.controller.secretbox import SecretBox
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1500)]
 

@@ -30,15 +30,15 @@ from typing import Any
 import pytest
 import yaml
 
-from controller.cluster import material
-from controller.cluster.context import INIT_STEP, JOIN_STEP, ClusterContext, Position
-from controller.cluster.scripts import label_task, refresh_task
-from controller.render import NodeContext, render
-from controller.render.targets import facts_for
-from controller.spec import load_document
-from controller.spec.model import EnvironmentSpec
-from nodeagent.model import Plan, Step
 from tests.e2e.testbed.testbed import Testbed
+from tether.controller.cluster import material
+from tether.controller.cluster.context import INIT_STEP, JOIN_STEP, ClusterContext, Position
+from tether.controller.cluster.scripts import label_task, refresh_task
+from tether.controller.render import NodeContext, render
+from tether.controller.render.targets import facts_for
+from tether.controller.spec import load_document
+from tether.controller.spec.model import EnvironmentSpec
+from tether.nodeagent.model import Plan, Step
 
 pytestmark = pytest.mark.e2e
 

@@ -12,11 +12,11 @@ from collections.abc import Callable
 import pytest
 import yaml
 
-from controller.render import NodeContext, render
-from controller.render.targets import facts_for
-from controller.spec import load_document
-from nodeagent.model import Step
 from tests.e2e.testbed.testbed import Testbed
+from tether.controller.render import NodeContext, render
+from tether.controller.render.targets import facts_for
+from tether.controller.spec import load_document
+from tether.nodeagent.model import Step
 
 pytestmark = pytest.mark.e2e
 

@@ -9,12 +9,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-import nodeagent
+import tether
+from tether import nodeagent
 
 BUILD = """
 import asyncio, sys
-from bootstrap.bundle import BundleBuilder, BundleSpec
-import nodeagent
+from tether.bootstrap.bundle import BundleBuilder, BundleSpec
+from tether import nodeagent
 assert nodeagent.__version__ == sys.argv[1], nodeagent.__file__
 b = asyncio.run(BundleBuilder().get(BundleSpec(sys.argv[2], sys.argv[3])))
 print(b.path)
@@ -25,10 +26,10 @@ def build_version(version: str, workdir: Path, python: str = "", arch: str = "am
     """A bundle of ``version`` (the bundle cache keeps it: a second build is quick)."""
     src = workdir / f"src-{version}"
     shutil.rmtree(src, ignore_errors=True)
-    shutil.copytree(
-        Path(nodeagent.__file__).parent, src / "nodeagent", ignore=shutil.ignore_patterns("__pycache__")
+    shutil.copytree(  # the whole package (links followed): this copy's nodeagent is the one found
+        Path(tether.__file__).parent, src / "tether", ignore=shutil.ignore_patterns("__pycache__")
     )
-    init = src / "nodeagent/__init__.py"
+    init = src / "tether/nodeagent/__init__.py"
     text = init.read_text()
     assert f'__version__ = "{nodeagent.__version__}"' in text
     init.write_text(text.replace(f'__version__ = "{nodeagent.__version__}"', f'__version__ = "{version}"'))

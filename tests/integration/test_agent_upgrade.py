@@ -17,13 +17,13 @@ from pathlib import Path
 import grpc
 import pytest
 
-from nodeagent import wire
-from nodeagent.channel import secure_channel
-from nodeagent.identity import IdentityStore
-from nodeagent.limits import AGENT_BUNDLE_CHUNK_BYTES
 from tests.integration.agent_bundles import build_version
 from tests.integration.conftest import apply_env, ca_hash, events, nodes, token
 from tests.integration.harness import BIN, Agent, Controller, wait_for
+from tether.nodeagent import wire
+from tether.nodeagent.channel import secure_channel
+from tether.nodeagent.identity import IdentityStore
+from tether.nodeagent.limits import AGENT_BUNDLE_CHUNK_BYTES
 
 pytestmark = pytest.mark.integration
 V2 = "0.1.0+upgrade.2"

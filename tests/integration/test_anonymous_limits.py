@@ -10,10 +10,10 @@ import grpc
 import pytest
 import yaml
 
-from nodeagent import anonymous, wire
-from nodeagent.identity import CONTROLLER_SERVER_NAME
-from nodeagent.limits import ANONYMOUS_MESSAGE_BYTES, MiB
 from tests.integration.harness import Controller
+from tether.nodeagent import anonymous, wire
+from tether.nodeagent.identity import CONTROLLER_SERVER_NAME
+from tether.nodeagent.limits import ANONYMOUS_MESSAGE_BYTES, MiB
 
 pytestmark = pytest.mark.integration
 

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap import nodescripts
-from bootstrap.bundle import AgentBundle, BundleBuilder, BundleSpec
-from bootstrap.bundle_http import BundleServer
-from nodeagent import __version__
+from tether.bootstrap import nodescripts
+from tether.bootstrap.bundle import AgentBundle, BundleBuilder, BundleSpec
+from tether.bootstrap.bundle_http import BundleServer
+from tether.nodeagent import __version__
 
 pytestmark = pytest.mark.integration
 
@@ -80,7 +80,9 @@ def test_the_bundle_runs_on_a_bare_interpreter(bundle: AgentBundle, tmp_path: Pa
         check=True,
     ).stdout
     assert where.count(str(agents / "current/lib")) == 3
-    assert list((agents / bundle.bundle_id / "lib/nodeagent/__pycache__").glob("*.pyc"))  # byte-compiled
+    assert list(
+        (agents / bundle.bundle_id / "lib/tether/nodeagent/__pycache__").glob("*.pyc")
+    )  # byte-compiled
 
 
 async def test_the_node_downloads_it_and_refuses_a_tampered_copy(bundle: AgentBundle, tmp_path: Path) -> None:
@@ -121,7 +123,7 @@ async def test_an_s3_presigned_url_delivers_it_uploaded_once(bundle: AgentBundle
     import boto3
     from moto.server import ThreadedMotoServer
 
-    from bootstrap.delivery import S3Presigned
+    from tether.bootstrap.delivery import S3Presigned
 
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
     server.start()

@@ -17,10 +17,10 @@ import asyncssh
 import grpc
 import pytest
 
-from controller import wire
-from controller.cli.client import connect
 from tests.integration.conftest import apply_env
 from tests.integration.harness import BIN, Controller
+from tether.controller import wire
+from tether.controller.cli.client import connect
 
 pytestmark = pytest.mark.integration
 

@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap import ssh
-from bootstrap.errors import AuthenticationError, ConnectError, HostKeyError
-from bootstrap.hostkeys import HostKeyPolicy
-from nodeagent.secrets import Secret
 from tests.fakes.sshd import Sshd, available, free_port, keygen
 from tests.integration.conftest import apply_env
 from tests.integration.harness import BIN, Controller
+from tether.bootstrap import ssh
+from tether.bootstrap.errors import AuthenticationError, ConnectError, HostKeyError
+from tether.bootstrap.hostkeys import HostKeyPolicy
+from tether.nodeagent.secrets import Secret
 
 pytestmark = [pytest.mark.integration, pytest.mark.skipif(bool(available()), reason=available() or "ok")]
 ROOT_PASSWORD = "root-pw-canary-5b0c2e71"

@@ -18,12 +18,12 @@ import boto3
 import pytest
 from botocore.config import Config
 
-from bootstrap import ssm
-from bootstrap.sealing import write_secret
-from nodeagent.secrets import Secret
 from tests.fakes.ssm_endpoint import SsmEndpoint, local_shell
 from tests.integration.conftest import apply_env
 from tests.integration.harness import BIN, Controller
+from tether.bootstrap import ssm
+from tether.bootstrap.sealing import write_secret
+from tether.nodeagent.secrets import Secret
 
 pytestmark = pytest.mark.integration
 INSTANCE = "i-0123456789abcdef0"

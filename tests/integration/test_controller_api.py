@@ -11,10 +11,10 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from nodeagent import anonymous
-from nodeagent.identity import CONTROLLER_SERVER_NAME
 from tests.integration.conftest import apply_env, ca_hash, token, wait_state
 from tests.integration.harness import Agent, Controller, wait_for
+from tether.nodeagent import anonymous
+from tether.nodeagent.identity import CONTROLLER_SERVER_NAME
 
 
 @pytest.fixture
@@ -47,7 +47,7 @@ def test_server_reflection_lists_the_services(anonymous_channel: grpc.Channel) -
 
 
 def test_the_anonymous_identity_cannot_use_the_admin_api(anonymous_channel: grpc.Channel) -> None:
-    from controller import wire
+    from tether.controller import wire
 
     with pytest.raises(grpc.RpcError) as exc:
         wire.AdminServiceStub(anonymous_channel).ListNodes(wire.admin.ListNodesRequest(), timeout=10)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from nodeagent.limits import MAX_DOCUMENT_BYTES, MAX_RECEIVE_BYTES, KiB, MiB
 from tests.integration.harness import Controller
+from tether.nodeagent.limits import MAX_DOCUMENT_BYTES, MAX_RECEIVE_BYTES, KiB, MiB
 
 pytestmark = pytest.mark.integration
 

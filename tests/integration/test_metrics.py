@@ -204,8 +204,8 @@ def test_grpc_health_answers_the_public_anonymous_identity(metered: tuple[Contro
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    from controller.adminconf import AdminConfig
-    from nodeagent import anonymous
+    from tether.controller.adminconf import AdminConfig
+    from tether.nodeagent import anonymous
 
     controller, _ = metered
     creds = grpc.ssl_channel_credentials(

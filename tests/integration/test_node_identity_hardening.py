@@ -18,12 +18,12 @@ import grpc
 import pytest
 import yaml
 
-from controller import wire
-from nodeagent import anonymous
-from nodeagent.identity import CONTROLLER_SERVER_NAME, make_csr
-from nodeagent.wire import AgentServiceStub
 from tests.integration.conftest import apply_env, ca_hash, events, token, wait_state
 from tests.integration.harness import BIN, Agent, Controller, wait_for
+from tether.controller import wire
+from tether.nodeagent import anonymous
+from tether.nodeagent.identity import CONTROLLER_SERVER_NAME, make_csr
+from tether.nodeagent.wire import AgentServiceStub
 
 NOOP = '    - name: noop\n      inline: "echo hello"\n'
 
@@ -128,7 +128,7 @@ def test_the_same_key_asking_again_and_again_is_rate_limited_like_renewals(
 ) -> None:
     """A lost reply is retried with the same key and token; that gives a new certificate, so it
     is charged to the node's renewal quota (or a node could reissue certificates at will)."""
-    from controller.limits import NODE_RENEWALS_PER_HOUR
+    from tether.controller.limits import NODE_RENEWALS_PER_HOUR
 
     apply_env(controller, tmp_path, "rq", NOOP)
     tok = token(controller, "rq")

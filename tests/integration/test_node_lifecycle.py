@@ -7,9 +7,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from nodeagent.errors import RESET_EXIT_CODE, REVOKED_EXIT_CODE
 from tests.integration.conftest import apply_env, ca_hash, nodes, token, wait_state
 from tests.integration.harness import Agent, Controller, wait_for
+from tether.nodeagent.errors import RESET_EXIT_CODE, REVOKED_EXIT_CODE
 
 NOOP = '    - name: noop\n      inline: "true"\n'
 

@@ -7,10 +7,10 @@ import signal
 from collections.abc import Callable
 from pathlib import Path
 
-from nodeagent.limits import MAX_LINE_BYTES
 from tests.integration.conftest import apply_env, ca_hash, events, token, wait_state
 from tests.integration.harness import Agent, Controller, wait_for
 from tests.integration.test_provisioning import assert_contiguous
+from tether.nodeagent.limits import MAX_LINE_BYTES
 
 
 def plan_done(agent: Agent) -> bool:

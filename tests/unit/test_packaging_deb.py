@@ -78,7 +78,7 @@ def debs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     wheels.mkdir()
     # The project wheel's Requires-Dist (what the build pins) are pyproject's dependencies.
     requires = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    from bootstrap.bundle import pinned_requirements
+    from tether.bootstrap.bundle import pinned_requirements
 
     for requirement in {build_deb.pinned(r) for r in requires} | set(pinned_requirements()):
         fake_wheel(wheels, requirement)
@@ -123,7 +123,7 @@ def extract(deb: Path, dest: Path) -> Path:
 
 
 def test_file_names_versions_and_dependencies(debs: dict[str, Path]) -> None:
-    from nodeagent import __version__
+    from tether.nodeagent import __version__
 
     for package, deb in debs.items():
         assert deb.name == f"{package}_{__version__}_amd64.deb"
@@ -145,7 +145,7 @@ def test_controller_ships_the_project_wheel_its_launchers_unit_and_config(
         "lib/systemd/system/tether-controller.service",
         "etc/tether/controller.env",
         "usr/share/doc/tether-controller/README.Debian",
-        f"{lib}/controller/main.py",
+        f"{lib}/tether/controller/main.py",
         f"{lib}/fake_structlog/__init__.py",  # a dependency's wheel, unpacked
         f"{lib}/grpc/__init__.py",
     ):
@@ -160,8 +160,8 @@ def test_controller_ships_the_project_wheel_its_launchers_unit_and_config(
     launcher = (tree / "usr/bin/tether-controller").read_text()
     assert launcher.startswith("#!/usr/bin/python3 -I\n")
     assert "sys.path[:0] = ['/usr/lib/tether-controller/lib']" in launcher
-    assert "from controller.main import main" in launcher
-    assert "from controller.cli.main import main" in (tree / "usr/bin/tetherctl").read_text()
+    assert "from tether.controller.main import main" in launcher
+    assert "from tether.controller.cli.main import main" in (tree / "usr/bin/tetherctl").read_text()
 
 
 def test_controller_unit_is_notify_watchdog_own_user_and_sandboxed() -> None:
@@ -179,7 +179,7 @@ def test_controller_unit_is_notify_watchdog_own_user_and_sandboxed() -> None:
 
 
 def test_agent_ships_the_bootstrap_layout(debs: dict[str, Path], tmp_path: Path) -> None:
-    from bootstrap.layout import DEFAULT_LAYOUT, launcher
+    from tether.bootstrap.layout import DEFAULT_LAYOUT, launcher
 
     listing = contents(debs["tether-agent"])
     bundles = [p for p in listing if re.fullmatch(r"opt/tether/agent/[0-9a-f]{16}", p)]
@@ -188,7 +188,7 @@ def test_agent_ships_the_bootstrap_layout(debs: dict[str, Path], tmp_path: Path)
     assert listing["opt/tether/agent/current"].startswith("l") and listing[
         "opt/tether/agent/current"
     ].endswith(f"-> {bundle_id}")
-    for path in ("BUNDLE.json", "launch.py", "lib/nodeagent/main.py", "lib/grpc/__init__.py"):
+    for path in ("BUNDLE.json", "launch.py", "lib/tether/nodeagent/main.py", "lib/grpc/__init__.py"):
         assert f"opt/tether/agent/{bundle_id}/{path}" in listing, path
     assert not any(p.startswith(f"opt/tether/agent/{bundle_id}/lib/controller") for p in listing)
     tree = extract(debs["tether-agent"], tmp_path / "a")

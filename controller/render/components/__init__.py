@@ -1,5 +1,5 @@
 """One module per component: each turns the spec into that component's steps for one node.
 
 Each module exposes ``steps(inp: RenderInput) -> list[Step]`` and renders its ``<name>.j2``
-template; ``controller.render.plan`` puts them in holodeck's order.
+template; ``tether.controller.render.plan`` puts them in holodeck's order.
 """

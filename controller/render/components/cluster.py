@@ -13,12 +13,12 @@ from typing import Any
 
 import yaml
 
-from controller.cluster import material
-from controller.cluster.context import INIT_STEP, JOIN_GATE, JOIN_STEP, Position
-from controller.render.components import kubeadm, kubeadm_config
-from controller.render.shell import q
-from controller.render.steps import RenderInput, make_step
-from nodeagent.model import Step
+from tether.controller.cluster import material
+from tether.controller.cluster.context import INIT_STEP, JOIN_GATE, JOIN_STEP, Position
+from tether.controller.render.components import kubeadm, kubeadm_config
+from tether.controller.render.shell import q
+from tether.controller.render.steps import RenderInput, make_step
+from tether.nodeagent.model import Step
 
 # Filled in on the node, where the address is known (the agent exports TETHER_NODE_IP and TETHER_NODE).
 ADVERTISE = "@ADVERTISE_ADDRESS@"

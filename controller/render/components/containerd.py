@@ -3,11 +3,11 @@ the tip of a branch; configured for Kubernetes (systemd cgroups, pause image, CN
 
 from __future__ import annotations
 
-from controller.render.components import runtime_common
-from controller.render.shell import q
-from controller.render.steps import RenderInput, make_step
-from controller.spec import defaults
-from nodeagent.model import Step
+from tether.controller.render.components import runtime_common
+from tether.controller.render.shell import q
+from tether.controller.render.steps import RenderInput, make_step
+from tether.controller.spec import defaults
+from tether.nodeagent.model import Step
 
 
 def package(inp: RenderInput) -> tuple[str, str]:

@@ -3,11 +3,11 @@ from git / a branch tip; configured for systemd cgroups and the pinned pause ima
 
 from __future__ import annotations
 
-from controller.render.components import runtime_common
-from controller.render.shell import Trusted, q
-from controller.render.steps import RenderInput, make_step
-from controller.spec import checks, defaults
-from nodeagent.model import Step
+from tether.controller.render.components import runtime_common
+from tether.controller.render.shell import Trusted, q
+from tether.controller.render.steps import RenderInput, make_step
+from tether.controller.spec import checks, defaults
+from tether.nodeagent.model import Step
 
 CRIO_REPOS = "https://download.opensuse.org/repositories/isv:/cri-o:/stable:"
 

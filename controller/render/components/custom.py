@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from controller.render.shell import UserCode, q
-from controller.render.steps import RenderInput, make_step
-from controller.spec.model import CustomTemplate
-from nodeagent.model import Step
+from tether.controller.render.shell import UserCode, q
+from tether.controller.render.steps import RenderInput, make_step
+from tether.controller.spec.model import CustomTemplate
+from tether.nodeagent.model import Step
 
 
 def _step(inp: RenderInput, t: CustomTemplate) -> Step:

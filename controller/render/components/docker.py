@@ -3,12 +3,12 @@ from git / a branch tip over the packaged engine; plus cri-dockerd when kubeadm 
 
 from __future__ import annotations
 
-from controller.render import downloads
-from controller.render.components import runtime_common
-from controller.render.shell import q
-from controller.render.steps import RenderInput, make_step
-from controller.spec import defaults
-from nodeagent.model import Step
+from tether.controller.render import downloads
+from tether.controller.render.components import runtime_common
+from tether.controller.render.shell import q
+from tether.controller.render.steps import RenderInput, make_step
+from tether.controller.spec import defaults
+from tether.nodeagent.model import Step
 
 
 def steps(inp: RenderInput) -> list[Step]:

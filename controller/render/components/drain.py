@@ -2,7 +2,7 @@
 runtime, toolkit, and every step that reboots) run between a gated ``drain`` step and a gated
 ``uncordon`` step.
 
-The controller answers both gates (``controller.cluster.drain``): at once while the node is not in
+The controller answers both gates (``tether.controller.cluster.drain``): at once while the node is not in
 the cluster yet, else after a control plane ran ``kubectl drain`` / ``uncordon`` for it. Both
 scripts name the wrapped steps' digests, so they run again exactly when a wrapped step does.
 """
@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import re
 
-from controller.cluster.context import DRAIN_GATE, DRAIN_STEP, UNCORDON_GATE, UNCORDON_STEP
-from controller.render.shell import Trusted
-from controller.render.steps import RenderInput, header
-from controller.render.templating import render_template
-from nodeagent.model import Step
+from tether.controller.cluster.context import DRAIN_GATE, DRAIN_STEP, UNCORDON_GATE, UNCORDON_STEP
+from tether.controller.render.shell import Trusted
+from tether.controller.render.steps import RenderInput, header
+from tether.controller.render.templating import render_template
+from tether.nodeagent.model import Step
 
 DISRUPTIVE_PHASES = frozenset({"kernel", "driver", "runtime", "toolkit"})
 _NAME = re.compile(r"[a-z0-9][a-z0-9.-]{0,62}")

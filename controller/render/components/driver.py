@@ -3,10 +3,10 @@
 
 from __future__ import annotations
 
-from controller.render import downloads
-from controller.render.shell import q
-from controller.render.steps import RenderInput, make_step
-from nodeagent.model import Step
+from tether.controller.render import downloads
+from tether.controller.render.shell import q
+from tether.controller.render.steps import RenderInput, make_step
+from tether.nodeagent.model import Step
 
 CUDA_REPOS = "https://developer.download.nvidia.com/compute/cuda/repos"
 

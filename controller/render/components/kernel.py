@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from controller.render.shell import q
-from controller.render.steps import RenderInput, make_step
-from nodeagent.model import Step
+from tether.controller.render.shell import q
+from tether.controller.render.steps import RenderInput, make_step
+from tether.nodeagent.model import Step
 
 
 def steps(inp: RenderInput) -> list[Step]:

@@ -7,12 +7,12 @@ own steps after these; this module then renders the install step only.
 
 from __future__ import annotations
 
-from controller.render import downloads
-from controller.render.components import kubeadm_config, runtime_common
-from controller.render.shell import q
-from controller.render.steps import RenderInput, make_step
-from controller.spec import checks, defaults
-from nodeagent.model import Step
+from tether.controller.render import downloads
+from tether.controller.render.components import kubeadm_config, runtime_common
+from tether.controller.render.shell import q
+from tether.controller.render.steps import RenderInput, make_step
+from tether.controller.spec import checks, defaults
+from tether.nodeagent.model import Step
 
 PKGS = "https://pkgs.k8s.io/core:/stable:"
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import yaml
 
-from controller.render.steps import RenderInput
-from controller.spec import checks, defaults
+from tether.controller.render.steps import RenderInput
+from tether.controller.spec import checks, defaults
 
 CRI_SOCKETS = {
     "containerd": "unix:///run/containerd/containerd.sock",

@@ -7,10 +7,10 @@ driver and custom templates, and validation rejects the container runtime and th
 
 from __future__ import annotations
 
-from controller.render.shell import q
-from controller.render.steps import RenderInput, make_step
-from controller.spec import checks
-from nodeagent.model import Step
+from tether.controller.render.shell import q
+from tether.controller.render.steps import RenderInput, make_step
+from tether.controller.spec import checks
+from tether.nodeagent.model import Step
 
 ADDONS = ("dns", "dashboard", "registry")
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from controller.render import downloads
-from controller.render.shell import q
-from controller.render.steps import RenderInput
-from controller.spec import defaults
-from controller.spec.model import GitSource
+from tether.controller.render import downloads
+from tether.controller.render.shell import q
+from tether.controller.render.steps import RenderInput
+from tether.controller.spec import defaults
+from tether.controller.spec.model import GitSource
 
 DOCKER = "https://download.docker.com/linux"
 

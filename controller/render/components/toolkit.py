@@ -3,10 +3,10 @@ branch tip; then ``nvidia-ctk runtime configure`` for the runtime, and CDI when 
 
 from __future__ import annotations
 
-from controller.render.components import runtime_common
-from controller.render.shell import q
-from controller.render.steps import RenderInput, make_step
-from nodeagent.model import Step
+from tether.controller.render.components import runtime_common
+from tether.controller.render.shell import q
+from tether.controller.render.steps import RenderInput, make_step
+from tether.nodeagent.model import Step
 
 REPO = "https://nvidia.github.io/libnvidia-container"
 

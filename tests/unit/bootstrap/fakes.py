@@ -16,13 +16,13 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bootstrap.bundle import AgentBundle, BundleSpec
-from bootstrap.errors import ControllerError
-from bootstrap.events import BootstrapEvent
-from bootstrap.layout import DEFAULT_LAYOUT
-from bootstrap.registry import JoinToken, NodeView
-from bootstrap.transport import CommandResult, Transport
-from nodeagent.secrets import Secret
+from tether.bootstrap.bundle import AgentBundle, BundleSpec
+from tether.bootstrap.errors import ControllerError
+from tether.bootstrap.events import BootstrapEvent
+from tether.bootstrap.layout import DEFAULT_LAYOUT
+from tether.bootstrap.registry import JoinToken, NodeView
+from tether.bootstrap.transport import CommandResult, Transport
+from tether.nodeagent.secrets import Secret
 
 LAYOUT = DEFAULT_LAYOUT
 CA_HASH = "sha256:" + "ab" * 32

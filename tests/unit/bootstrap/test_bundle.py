@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap.bundle import BundleBuilder, BundleSpec, PipWheels, build_archive, manifest
-from bootstrap.errors import BundleError
+from tether.bootstrap.bundle import BundleBuilder, BundleSpec, PipWheels, build_archive, manifest
+from tether.bootstrap.errors import BundleError
 
 SPEC = BundleSpec("3.11", "amd64", (2, 36))
 
@@ -52,7 +52,9 @@ def test_archive_has_wheels_our_packages_a_launcher_and_a_manifest(tmp_path: Pat
     assert "lib/grpc/_cython/cygrpc.so" in members
     assert "lib/grpc_extra.py" in members  # .data/purelib lands in lib/
     assert not any("scripts/tool" in m for m in members)
-    assert "lib/nodeagent/main.py" in members
+    assert "lib/tether/nodeagent/main.py" in members and "lib/tether/__init__.py" in members
+    operator_side = ("lib/tether/controller/", "lib/tether/bootstrap/")
+    assert not [m for m in members if m.startswith(operator_side)]
     assert "lib/tether/v1/agent_pb2.py" in members
     assert not any("__pycache__" in m for m in members)
     doc = manifest(data)

@@ -10,10 +10,10 @@ from pathlib import Path
 import asyncssh
 import pytest
 
-from controller.cli import bootstrap_run
-from controller.cli.client import CliError
-from controller.cli.main import _parser
-from nodeagent.secrets import PROCESS_REDACTOR
+from tether.controller.cli import bootstrap_run
+from tether.controller.cli.client import CliError
+from tether.controller.cli.main import _parser
+from tether.nodeagent.secrets import PROCESS_REDACTOR
 
 
 def key_file(tmp_path: Path, passphrase: str) -> Path:

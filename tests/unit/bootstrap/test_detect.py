@@ -5,8 +5,8 @@ from __future__ import annotations
 import base64
 import json
 
-from bootstrap import detect, prereqs
-from bootstrap.layout import DEFAULT_LAYOUT
+from tether.bootstrap import detect, prereqs
+from tether.bootstrap.layout import DEFAULT_LAYOUT
 
 OUTPUT = """\
 uname_s=Linux

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from bootstrap.errors import ConnectError
-from bootstrap.events import Reporter, Step
-from nodeagent.model import EventKind
-from nodeagent.secrets import Redactor
 from tests.unit.bootstrap.fakes import Events
+from tether.bootstrap.errors import ConnectError
+from tether.bootstrap.events import Reporter, Step
+from tether.nodeagent.model import EventKind
+from tether.nodeagent.secrets import Redactor
 
 
 async def test_a_step_emits_started_then_exactly_one_finish() -> None:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from bootstrap.events import Outcome
-from bootstrap.finished import duration, finished_line
-from bootstrap.install import Result
+from tether.bootstrap.events import Outcome
+from tether.bootstrap.finished import duration, finished_line
+from tether.bootstrap.install import Result
 
 
 def _result(node: str, outcome: Outcome, seconds: float) -> Result:

@@ -7,8 +7,8 @@ from pathlib import Path
 import asyncssh
 import pytest
 
-from bootstrap.errors import HostKeyError
-from bootstrap.hostkeys import HostKeyPolicy, HostKeyVerifier, fingerprint, host_pattern
+from tether.bootstrap.errors import HostKeyError
+from tether.bootstrap.hostkeys import HostKeyPolicy, HostKeyVerifier, fingerprint, host_pattern
 
 
 def key() -> asyncssh.SSHKey:

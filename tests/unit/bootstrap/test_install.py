@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 
-from bootstrap.delivery import Push
-from bootstrap.errors import ConnectError, HostKeyError
-from bootstrap.events import Outcome
-from bootstrap.install import Request, Result, adopt
-from bootstrap.transport import Transport
-from nodeagent.secrets import Redactor
 from tests.unit.bootstrap.fakes import LAYOUT, Events, FakeBundles, FakeMachine, FakeRegistry, FakeTransport
+from tether.bootstrap.delivery import Push
+from tether.bootstrap.errors import ConnectError, HostKeyError
+from tether.bootstrap.events import Outcome
+from tether.bootstrap.install import Request, Result, adopt
+from tether.bootstrap.transport import Transport
+from tether.nodeagent.secrets import Redactor
 
 FRESH_STEPS = [
     ("connect", "started"),
@@ -270,7 +270,7 @@ async def test_events_and_results_never_carry_the_token_or_credentials(tmp_path:
         async def run(self, command: str, **kw: Any) -> Any:
             if command.startswith("journalctl"):  # a failing agent whose log shows secrets
                 token = registry.tokens[registry.created[-1]][0]
-                from bootstrap.transport import CommandResult
+                from tether.bootstrap.transport import CommandResult
 
                 return CommandResult(0, f"bad token {token} from {password} / {passphrase}\n", "")
             return await super().run(command, **kw)

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bootstrap import inventory
-from bootstrap.errors import InventoryError
-from bootstrap.inventory import Entry
+from tether.bootstrap import inventory
+from tether.bootstrap.errors import InventoryError
+from tether.bootstrap.inventory import Entry
 
 
 def test_defaults_flags_and_per_node_values_merge_in_that_order(tmp_path: Path) -> None:

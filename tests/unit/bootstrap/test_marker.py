@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from bootstrap.detect import InstallState
-from bootstrap.errors import InstallConflict
-from bootstrap.marker import Action, decide
-from bootstrap.registry import NodeView
+from tether.bootstrap.detect import InstallState
+from tether.bootstrap.errors import InstallConflict
+from tether.bootstrap.marker import Action, decide
+from tether.bootstrap.registry import NodeView
 
 ENROLLED = NodeView("gpu-1", "lab", "worker", False, True, "provisioned", "f" * 64)
 REVOKED = NodeView("gpu-1", "lab", "worker", True, False, "revoked", "f" * 64)

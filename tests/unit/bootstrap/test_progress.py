@@ -7,11 +7,11 @@ import re
 
 from rich.console import Console
 
-from bootstrap.detect import DetectedHost, Python
-from bootstrap.events import BootstrapEvent, Outcome, Step
-from bootstrap.install import Result
-from bootstrap.progress import Progress, summary
-from nodeagent.model import EventKind, HostFacts
+from tether.bootstrap.detect import DetectedHost, Python
+from tether.bootstrap.events import BootstrapEvent, Outcome, Step
+from tether.bootstrap.install import Result
+from tether.bootstrap.progress import Progress, summary
+from tether.nodeagent.model import EventKind, HostFacts
 
 
 def ev(

@@ -19,9 +19,9 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from bootstrap.sealing import INFO, seal, write_secret
-from bootstrap.transport import CommandResult, Transport
-from nodeagent.secrets import Secret
+from tether.bootstrap.sealing import INFO, seal, write_secret
+from tether.bootstrap.transport import CommandResult, Transport
+from tether.nodeagent.secrets import Secret
 
 SECRET = "abc123.canarysecretcanarysecret0000"
 

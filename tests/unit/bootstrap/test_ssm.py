@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
-from bootstrap.errors import CommandTimeout, ConnectError
-from bootstrap.ssm import DOCUMENT, PollPolicy, SsmTarget, SsmTransport
+from tether.bootstrap.errors import CommandTimeout, ConnectError
+from tether.bootstrap.ssm import DOCUMENT, PollPolicy, SsmTarget, SsmTransport
 
 TARGET = SsmTarget("i-0123456789abcdef0", "us-east-1")
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from bootstrap.install import valid_node_name
-from nodeagent.errors import IdentityError
-from nodeagent.identity import split_address
+from tether.bootstrap.install import valid_node_name
+from tether.nodeagent.errors import IdentityError
+from tether.nodeagent.identity import split_address
 
 
 def test_a_node_name_with_a_trailing_newline_is_refused() -> None:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from controller.cli.completion import tables
-from controller.cli.main import _parser, main
+from tether.controller.cli.completion import tables
+from tether.controller.cli.main import _parser, main
 
 CASES = [
     (["tetherctl", ""], {"env", "node", "token", "version", "completion", "config"}),

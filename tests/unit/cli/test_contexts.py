@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from controller.adminconf import AdminConfig, Contexts
-from controller.cli.client import load_config
-from controller.errors import InvalidArgument
+from tether.controller.adminconf import AdminConfig, Contexts
+from tether.controller.cli.client import load_config
+from tether.controller.errors import InvalidArgument
 
 PEM = "-----BEGIN X-----\nAAAA\n-----END X-----\n"
 

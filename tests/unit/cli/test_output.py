@@ -9,10 +9,10 @@ import json
 import pytest
 import yaml
 
-from controller.cli import describe
-from controller.cli.main import _parser, main
-from controller.cli.output import plain, rfc3339, shape, shape_times, table
-from nodeagent.model import Event, EventKind
+from tether.controller.cli import describe
+from tether.controller.cli.main import _parser, main
+from tether.controller.cli.output import plain, rfc3339, shape, shape_times, table
+from tether.nodeagent.model import Event, EventKind
 from tether.v1 import admin_pb2, common_pb2
 
 T = 1714564800123  # 2024-05-01T12:00:00.123Z

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from controller import admins
-from controller.admins import AdminRegistry
-from controller.auth import Authenticator, Kind
-from controller.ca import CertificateAuthority
-from controller.errors import InvalidArgument, NotFound, Unauthenticated
 from tests.unit.controller.test_ca_auth import Ctx
+from tether.controller import admins
+from tether.controller.admins import AdminRegistry
+from tether.controller.auth import Authenticator, Kind
+from tether.controller.ca import CertificateAuthority
+from tether.controller.errors import InvalidArgument, NotFound, Unauthenticated
 
 
 @pytest.fixture

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap.bundle import AgentBundle, BundleSpec
-from controller.agentbundles import AgentBundles, add_file, bundle_file
-from controller.errors import InvalidArgument, NotFound
-from nodeagent.limits import AGENT_BUNDLE_CHUNK_BYTES
 from tests.unit.nodeagent.test_upgrade import archive
+from tether.bootstrap.bundle import AgentBundle, BundleSpec
+from tether.controller.agentbundles import AgentBundles, add_file, bundle_file
+from tether.controller.errors import InvalidArgument, NotFound
+from tether.nodeagent.limits import AGENT_BUNDLE_CHUNK_BYTES
 
 
 class FakeBuilder:

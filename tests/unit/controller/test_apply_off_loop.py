@@ -10,11 +10,11 @@ from typing import Any
 import grpc
 import pytest
 
-from controller import wire
-from controller.admin_service import AdminService
-from controller.documents import check_size
-from controller.errors import InvalidArgument
-from controller.spec import load_document
+from tether.controller import wire
+from tether.controller.admin_service import AdminService
+from tether.controller.documents import check_size
+from tether.controller.errors import InvalidArgument
+from tether.controller.spec import load_document
 
 DOCUMENT = (
     "apiVersion: holodeck.nvidia.com/v1alpha1\nkind: Environment\nmetadata:\n  name: e\n"
@@ -57,7 +57,7 @@ def test_a_dry_run_parses_in_a_worker_thread_while_other_calls_are_answered(
         assert release.wait(10), "the parse blocked the event loop: nothing else could run"
         return load_document(document)
 
-    monkeypatch.setattr("controller.documents.load_document", slow_load)
+    monkeypatch.setattr("tether.controller.documents.load_document", slow_load)
     service = _service()
     done: list[str] = []
 
@@ -85,7 +85,7 @@ def test_a_document_over_the_configured_limit_is_refused_in_one_line(monkeypatch
     def never(document: str) -> Any:
         raise AssertionError("an oversized document must not be parsed")
 
-    monkeypatch.setattr("controller.documents.load_document", never)
+    monkeypatch.setattr("tether.controller.documents.load_document", never)
     service = _service(max_document_bytes=100)
     context = _Context()
     request = wire.admin.ApplyEnvironmentRequest(document=DOCUMENT, dry_run=True)
@@ -112,9 +112,9 @@ def test_the_size_line_names_the_size_and_the_limit() -> None:
 
 
 def test_stored_environments_are_parsed_off_the_loop_at_start_up(monkeypatch: pytest.MonkeyPatch) -> None:
-    from controller.planner import Planner
-    from controller.server import _parse_stored_specs
-    from controller.store.records import EnvironmentRecord
+    from tether.controller.planner import Planner
+    from tether.controller.server import _parse_stored_specs
+    from tether.controller.store.records import EnvironmentRecord
 
     good = EnvironmentRecord("e", DOCUMENT, "v1alpha1", {}, 3, 0, 0)
     bad = EnvironmentRecord("b", "kind: [", "v1alpha1", {}, 1, 0, 0)
@@ -124,7 +124,7 @@ def test_stored_environments_are_parsed_off_the_loop_at_start_up(monkeypatch: py
         threads.append(threading.current_thread())
         return load_document(document)
 
-    monkeypatch.setattr("controller.server.load_document", load)
+    monkeypatch.setattr("tether.controller.server.load_document", load)
     planner = Planner(SimpleNamespace())
     app = SimpleNamespace(store=SimpleNamespace(list_environments=lambda: [good, bad]), planner=planner)
     asyncio.run(_parse_stored_specs(app))  # type: ignore[arg-type]
@@ -133,5 +133,5 @@ def test_stored_environments_are_parsed_off_the_loop_at_start_up(monkeypatch: py
     def parse_again(document: str) -> None:
         raise AssertionError("parsed on the loop")
 
-    monkeypatch.setattr("controller.planner.load_document", parse_again)
+    monkeypatch.setattr("tether.controller.planner.load_document", parse_again)
     assert planner.spec(good).spec.name == "e"  # remembered: a node's plan does not parse it

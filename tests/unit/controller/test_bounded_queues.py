@@ -9,14 +9,14 @@ from typing import Any
 import grpc
 import pytest
 
-from controller.follower import FellBehind, Follower, event_bytes
-from controller.hub import Hub
-from controller.limits import PLAN_CACHE_ENTRIES
-from controller.planner import Planner
-from controller.render.targets import facts_for
-from controller.spec import load_document
-from controller.store.records import EnvironmentRecord
-from nodeagent.model import Event, EventKind
+from tether.controller.follower import FellBehind, Follower, event_bytes
+from tether.controller.hub import Hub
+from tether.controller.limits import PLAN_CACHE_ENTRIES
+from tether.controller.planner import Planner
+from tether.controller.render.targets import facts_for
+from tether.controller.spec import load_document
+from tether.controller.store.records import EnvironmentRecord
+from tether.nodeagent.model import Event, EventKind
 
 DOCUMENT = (
     "apiVersion: holodeck.nvidia.com/v1alpha1\nkind: Environment\nmetadata:\n  name: e\n"
@@ -115,5 +115,5 @@ def test_an_applied_spec_is_remembered_without_parsing_again(monkeypatch: pytest
     def parse_again(document: str) -> None:
         raise AssertionError("parsed again")
 
-    monkeypatch.setattr("controller.planner.load_document", parse_again)
+    monkeypatch.setattr("tether.controller.planner.load_document", parse_again)
     assert planner.spec(store.env).spec.name == "e"

@@ -12,11 +12,11 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from controller.auth import Authenticator, Kind
-from controller.ca import NODE_URI_PREFIX, CertificateAuthority
-from controller.errors import InvalidArgument, PermissionDenied, Unauthenticated
-from nodeagent import anonymous
-from nodeagent.identity import ca_hash_of_pem, generate_key, make_csr
+from tether.controller.auth import Authenticator, Kind
+from tether.controller.ca import NODE_URI_PREFIX, CertificateAuthority
+from tether.controller.errors import InvalidArgument, PermissionDenied, Unauthenticated
+from tether.nodeagent import anonymous
+from tether.nodeagent.identity import ca_hash_of_pem, generate_key, make_csr
 
 
 class Ctx:
@@ -131,8 +131,8 @@ def test_no_client_certificate_is_unauthenticated(ca: CertificateAuthority) -> N
 
 
 def test_only_a_controller_certificate_passes_the_server_check(ca: CertificateAuthority) -> None:
-    from nodeagent.errors import IdentityError
-    from nodeagent.identity import check_server_leaf
+    from tether.nodeagent.errors import IdentityError
+    from tether.nodeagent.identity import check_server_leaf
 
     _, chain = ca.server_credentials(["10.0.0.1"])
     check_server_leaf(x509.load_pem_x509_certificate(chain), "x:1")  # the first PEM block is the leaf

@@ -10,15 +10,15 @@ from typing import Any
 import pytest
 import yaml
 
-from controller.cluster import material as m
-from controller.cluster.context import INIT_STEP, JOIN_STEP, Position
-from controller.cluster.orchestrator import Orchestrator
-from controller.hub import Hub, Session
-from controller.secretbox import SecretBox
-from controller.store import NodeRecord, SqliteStore
-from controller.tokens import TokenRecord
-from nodeagent.model import Event, EventKind, Plan, Step, now_ms
-from nodeagent.secrets import Redactor
+from tether.controller.cluster import material as m
+from tether.controller.cluster.context import INIT_STEP, JOIN_STEP, Position
+from tether.controller.cluster.orchestrator import Orchestrator
+from tether.controller.hub import Hub, Session
+from tether.controller.secretbox import SecretBox
+from tether.controller.store import NodeRecord, SqliteStore
+from tether.controller.tokens import TokenRecord
+from tether.nodeagent.model import Event, EventKind, Plan, Step, now_ms
+from tether.nodeagent.secrets import Redactor
 
 TOKEN = "abcdef.0123456789abcdef"
 CERT_KEY = "c" * 64
@@ -375,7 +375,7 @@ async def test_only_the_node_a_refresh_was_sent_to_may_answer_it(cluster: Cluste
 async def test_a_failed_refresh_is_tried_again(cluster: Cluster) -> None:
     import asyncio
 
-    from controller.cluster import orchestrator
+    from tether.controller.cluster import orchestrator
 
     orchestrator.REFRESH_BACKOFF_S = 0.01
     cp1 = await cluster.node("cp-1", "control-plane")
@@ -444,9 +444,9 @@ async def test_the_cluster_spec_comes_from_the_planners_parsed_documents(
 ) -> None:
     """Documents are parsed off the event loop (at apply, at start-up) and kept by the planner;
     the orchestrator never parses one itself on the loop when it is given them."""
-    from controller import planner as planner_module
-    from controller.cluster import orchestrator
-    from controller.planner import Planner
+    from tether.controller import planner as planner_module
+    from tether.controller.cluster import orchestrator
+    from tether.controller.planner import Planner
 
     store = SqliteStore(tmp_path / "t.db")
     await store.put_environment("c1", SPEC, "holodeck.nvidia.com/v1alpha1", {})

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from controller.cluster.health import Member, assess
-from nodeagent.model import ClusterNode, ClusterView
+from tether.controller.cluster.health import Member, assess
+from tether.nodeagent.model import ClusterNode, ClusterView
 
 CP, W = "control-plane", "worker"
 

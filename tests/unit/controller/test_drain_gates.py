@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from controller.cluster.context import (
+from tether.controller.cluster.context import (
     DRAIN_GATE,
     DRAIN_STEP,
     GATE_DONE,
@@ -21,14 +21,14 @@ from controller.cluster.context import (
     UNCORDON_GATE,
     UNCORDON_STEP,
 )
-from controller.cluster.drain import Drainer
-from controller.cluster.orchestrator import Orchestrator
-from controller.hub import Hub, Session
-from controller.secretbox import SecretBox
-from controller.store import NodeRecord, SqliteStore
-from controller.tokens import TokenRecord
-from nodeagent.model import Event, EventKind, Plan, Step
-from nodeagent.secrets import Redactor
+from tether.controller.cluster.drain import Drainer
+from tether.controller.cluster.orchestrator import Orchestrator
+from tether.controller.hub import Hub, Session
+from tether.controller.secretbox import SecretBox
+from tether.controller.store import NodeRecord, SqliteStore
+from tether.controller.tokens import TokenRecord
+from tether.nodeagent.model import Event, EventKind, Plan, Step
+from tether.nodeagent.secrets import Redactor
 
 SPEC = """\
 apiVersion: holodeck.nvidia.com/v1alpha1

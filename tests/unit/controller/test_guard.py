@@ -10,9 +10,9 @@ from typing import Any
 import grpc
 import pytest
 
-from controller.guard import ENROLL, Guard
-from controller.limits import TokenBucket
-from controller.refusals import RefusalLog
+from tether.controller.guard import ENROLL, Guard
+from tether.controller.limits import TokenBucket
+from tether.controller.refusals import RefusalLog
 
 
 class _Log:
@@ -176,9 +176,9 @@ def test_streams_of_open_methods_are_size_checked_per_message() -> None:
 
 
 def test_the_enrollment_rate_follows_the_serve_flag(tmp_path: Path) -> None:
-    from controller.config import ControllerConfig
-    from controller.guard import enroll_bucket
-    from controller.main import _parser
+    from tether.controller.config import ControllerConfig
+    from tether.controller.guard import enroll_bucket
+    from tether.controller.main import _parser
 
     args = _parser().parse_args(["serve", "--enroll-rate", "500"])
     bucket = enroll_bucket(ControllerConfig(data_dir=tmp_path, enroll_rate_per_second=args.enroll_rate))

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from controller.cluster import material as m
-from controller.cluster.context import INIT_STEP, JOIN_STEP
-from controller.cluster.kubeconfig import KubeconfigRefused, sanitise
-from controller.store import SqliteStore
-from nodeagent.model import Plan, Step
 from tests.unit.controller.test_cluster import OUTPUTS, SPEC, TOKEN, Cluster
+from tether.controller.cluster import material as m
+from tether.controller.cluster.context import INIT_STEP, JOIN_STEP
+from tether.controller.cluster.kubeconfig import KubeconfigRefused, sanitise
+from tether.controller.store import SqliteStore
+from tether.nodeagent.model import Plan, Step
 
 HOSTILE = {
     "apiVersion": "v1",

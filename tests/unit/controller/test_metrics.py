@@ -1,4 +1,4 @@
-"""controller.metrics: node states counted like nodestate, fleet gauges, the hot-path counters and
+"""tether.controller.metrics: node states counted like nodestate, fleet gauges, the hot-path counters and
 the HTTP listener (/metrics, /healthz, /readyz)."""
 
 from __future__ import annotations
@@ -20,17 +20,17 @@ from typing import Any
 import grpc
 import pytest
 
-from controller import metrics
-from controller.errors import InvalidArgument, NotFound, TokenRejected
-from controller.hub import Hub
-from controller.listen import ListenError
-from controller.nodestate import NodeState, node_state
-from controller.rollout.state import NodeProgress, NodeStage, Rollout, RolloutStatus
-from controller.rpc import unary
-from controller.spec.model import RolloutPolicy
-from controller.store import SqliteStore
-from nodeagent.model import Event, EventKind, Plan, Step
 from tests.unit.controller.test_store import enroll
+from tether.controller import metrics
+from tether.controller.errors import InvalidArgument, NotFound, TokenRejected
+from tether.controller.hub import Hub
+from tether.controller.listen import ListenError
+from tether.controller.nodestate import NodeState, node_state
+from tether.controller.rollout.state import NodeProgress, NodeStage, Rollout, RolloutStatus
+from tether.controller.rpc import unary
+from tether.controller.spec.model import RolloutPolicy
+from tether.controller.store import SqliteStore
+from tether.nodeagent.model import Event, EventKind, Plan, Step
 
 T = Any
 
@@ -365,7 +365,7 @@ DASHBOARD = Path(__file__).parents[3] / "packaging" / "grafana" / "tether.json"
 
 def exported_names() -> set[str]:
     """Every series name the controller's /metrics and the agent's textfile can hold."""
-    from nodeagent.textfile import AgentFigures, render
+    from tether.nodeagent.textfile import AgentFigures, render
 
     suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum"), "gauge": ("",)}
     names = {f"{fam.name}{x}" for fam in metrics.REGISTRY.collect() for x in suffixes.get(fam.type, ("",))}

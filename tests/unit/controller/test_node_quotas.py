@@ -11,19 +11,19 @@ from typing import Any
 
 import pytest
 
-from controller import enrollment, tokens
-from controller.agent_service import AgentService
-from controller.auth import Kind, Principal
-from controller.ca import CertificateAuthority
-from controller.errors import InvalidArgument, ResourceExhausted, StoreError
-from controller.hub import Hub, Session
-from controller.limits import NODE_CONNECTS_PER_MINUTE, NODE_RENEWALS_PER_HOUR, TokenBucket
-from controller.store import NodeRecord, SqliteStore
-from controller.tokens import TokenRecord
-from nodeagent.identity import generate_key, make_csr
-from nodeagent.model import Event, EventKind
-from nodeagent.secrets import Redactor
 from tests.unit.controller.test_store import ev
+from tether.controller import enrollment, tokens
+from tether.controller.agent_service import AgentService
+from tether.controller.auth import Kind, Principal
+from tether.controller.ca import CertificateAuthority
+from tether.controller.errors import InvalidArgument, ResourceExhausted, StoreError
+from tether.controller.hub import Hub, Session
+from tether.controller.limits import NODE_CONNECTS_PER_MINUTE, NODE_RENEWALS_PER_HOUR, TokenBucket
+from tether.controller.store import NodeRecord, SqliteStore
+from tether.controller.tokens import TokenRecord
+from tether.nodeagent.identity import generate_key, make_csr
+from tether.nodeagent.model import Event, EventKind
+from tether.nodeagent.secrets import Redactor
 
 
 class NoCluster:
@@ -66,7 +66,7 @@ def drain(session: Session) -> list[Any]:
 
 
 def output(seq: int, lines: int, width: int = 100) -> Any:
-    from controller import wire
+    from tether.controller import wire
 
     return wire.event_to_pb(Event(kind=EventKind.OUTPUT, step="s", seq=seq, lines=("x" * width,) * lines))
 
@@ -97,9 +97,9 @@ async def test_a_node_over_its_output_quota_is_read_more_slowly(
     then holds the flooding node back); a batch within the quota never pauses."""
     import asyncio
 
-    from controller import agent_service
-    from controller.limits import NODE_EXCESS_READ_BYTES_PER_SECOND, QUOTA_PAUSE_SECONDS
-    from controller.quotas import Charged
+    from tether.controller import agent_service
+    from tether.controller.limits import NODE_EXCESS_READ_BYTES_PER_SECOND, QUOTA_PAUSE_SECONDS
+    from tether.controller.quotas import Charged
 
     svc, store = service
     pauses: list[float] = []
@@ -126,8 +126,8 @@ async def test_long_step_names_and_many_small_events_are_charged_too(
     """The step name is stored, so it is charged like output (and cut when summarised); past the
     events quota the node is read more slowly even when each event is tiny; a batch sent again
     is never charged twice."""
-    from controller import agent_service, wire
-    from controller.limits import NODE_EVENTS_PER_SECOND
+    from tether.controller import agent_service, wire
+    from tether.controller.limits import NODE_EVENTS_PER_SECOND
 
     svc, store = service
     pauses: list[float] = []
@@ -159,7 +159,7 @@ async def test_a_secret_split_across_two_output_lines_is_masked_before_storing(
     assert node is not None
     canary = "abcdef." + "q" * 16
     lines = ("kubeadm join 10.0.0.1:6443 --token", canary, "done " + canary[:7], canary[7:])
-    from controller import wire
+    from tether.controller import wire
 
     batch = [wire.event_to_pb(Event(kind=EventKind.OUTPUT, step="s", seq=1, lines=lines))]
     await svc._events(node, Session("n1", "e"), batch)
@@ -243,9 +243,9 @@ def test_a_csr_with_a_key_of_unknown_type_is_invalid_argument_not_internal() -> 
 
 
 def test_the_output_quota_follows_the_serve_flag() -> None:
-    from controller.limits import NODE_OUTPUT_BURST_BYTES, NODE_OUTPUT_BYTES_PER_SECOND
-    from controller.main import _parser
-    from controller.quotas import NodeQuotas
+    from tether.controller.limits import NODE_OUTPUT_BURST_BYTES, NODE_OUTPUT_BYTES_PER_SECOND
+    from tether.controller.main import _parser
+    from tether.controller.quotas import NodeQuotas
 
     assert _parser().parse_args(["serve"]).node_output_rate == NODE_OUTPUT_BYTES_PER_SECOND
     rate = _parser().parse_args(["serve", "--node-output-rate", "2097152"]).node_output_rate

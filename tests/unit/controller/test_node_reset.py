@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from controller.cluster.context import (
+from tests.unit.controller.test_drain_gates import SPEC, Lab
+from tests.unit.controller.test_store import enroll, ev, node, token
+from tether.controller.cluster.context import (
     DELETE_NODE_GATE,
     DELETE_NODE_STEP,
     DRAIN_GATE,
@@ -17,13 +19,11 @@ from controller.cluster.context import (
     GATE_MESSAGE,
     GATE_RESULT,
 )
-from controller.render.deprovision import KUBEADM_RESET_STEP, render_deprovision
-from controller.store import SqliteStore
-from nodeagent import wire
-from nodeagent.executor import plan_from_json, plan_to_json
-from nodeagent.model import EventKind, Plan, Step
-from tests.unit.controller.test_drain_gates import SPEC, Lab
-from tests.unit.controller.test_store import enroll, ev, node, token
+from tether.controller.render.deprovision import KUBEADM_RESET_STEP, render_deprovision
+from tether.controller.store import SqliteStore
+from tether.nodeagent import wire
+from tether.nodeagent.executor import plan_from_json, plan_to_json
+from tether.nodeagent.model import EventKind, Plan, Step
 
 
 @pytest.fixture

@@ -1,13 +1,13 @@
-"""The rollout's decisions (controller.rollout.advance), one rule at a time, without I/O."""
+"""The rollout's decisions (tether.controller.rollout.advance), one rule at a time, without I/O."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from controller.rollout.advance import Observed, advance
-from controller.rollout.state import NodeProgress, NodeStage, Rollout, RolloutStatus
-from controller.spec.model import RolloutPolicy
-from controller.spec.parse_rollout import check_quantity, resolve_count
+from tether.controller.rollout.advance import Observed, advance
+from tether.controller.rollout.state import NodeProgress, NodeStage, Rollout, RolloutStatus
+from tether.controller.spec.model import RolloutPolicy
+from tether.controller.spec.parse_rollout import check_quantity, resolve_count
 
 OLD, NEW = 1, 2
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from controller.errors import TokenRejected
-from controller.store import NodeRecord, SqliteStore
-from controller.tokens import TokenRecord
-from nodeagent.model import Event, EventKind, Plan, Step
+from tether.controller.errors import TokenRejected
+from tether.controller.store import NodeRecord, SqliteStore
+from tether.controller.tokens import TokenRecord
+from tether.nodeagent.model import Event, EventKind, Plan, Step
 
 
 @pytest.fixture

@@ -6,8 +6,8 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from controller.store import SqliteStore
-from controller.store.sqlite import KEEP_REVISIONS
+from tether.controller.store import SqliteStore
+from tether.controller.store.sqlite import KEEP_REVISIONS
 
 SCHEMA_1 = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);

@@ -6,9 +6,9 @@ import dataclasses
 
 import pytest
 
-from controller import tokens
-from controller.errors import TokenRejected
-from nodeagent.secrets import Secret
+from tether.controller import tokens
+from tether.controller.errors import TokenRejected
+from tether.nodeagent.secrets import Secret
 
 NOW = 1_000_000
 

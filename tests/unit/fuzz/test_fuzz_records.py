@@ -18,11 +18,11 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nodeagent import wire
-from nodeagent.errors import AgentError
-from nodeagent.executor import plan_from_json, plan_to_json
-from nodeagent.model import Event, facts_from_dict, health_from_dict
 from tests.unit.fuzz.pbgen import FUZZ, messages
+from tether.nodeagent import wire
+from tether.nodeagent.errors import AgentError
+from tether.nodeagent.executor import plan_from_json, plan_to_json
+from tether.nodeagent.model import Event, facts_from_dict, health_from_dict
 from tether.v1 import common_pb2
 
 json_values = st.recursive(

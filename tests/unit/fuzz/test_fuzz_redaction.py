@@ -10,8 +10,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nodeagent.secrets import LineRedactor, Redactor
 from tests.unit.fuzz.pbgen import EXAMPLES, FUZZ
+from tether.nodeagent.secrets import LineRedactor, Redactor
 
 KNOWN = "k7x2qa.0123456789abcdefghijklmnopqrstuv"
 PIECES = st.sampled_from(

@@ -16,8 +16,8 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from controller.spec import SpecError, inline_local_files, load_document
 from tests.unit.fuzz.pbgen import FUZZ
+from tether.controller.spec import SpecError, inline_local_files, load_document
 
 BASE: dict[str, Any] = {
     "apiVersion": "holodeck.nvidia.com/v1alpha1",

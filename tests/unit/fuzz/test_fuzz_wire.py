@@ -18,12 +18,12 @@ import pytest
 from google.protobuf.message import DecodeError, Message
 from hypothesis import given
 
-from bootstrap.errors import ControllerError as BootstrapControllerError
-from controller import wire
-from controller.cli import bootstrap_admin
-from nodeagent import wire as agent_wire
-from nodeagent.model import Event, facts_from_dict, health_from_dict
 from tests.unit.fuzz.pbgen import FUZZ, wire_bytes
+from tether.bootstrap.errors import ControllerError as BootstrapControllerError
+from tether.controller import wire
+from tether.controller.cli import bootstrap_admin
+from tether.nodeagent import wire as agent_wire
+from tether.nodeagent.model import Event, facts_from_dict, health_from_dict
 from tether.v1 import admin_pb2, agent_pb2, common_pb2
 
 

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from nodeagent.session import Backoff
+from tether.nodeagent.session import Backoff
 
 
 def test_the_ceiling_doubles_up_to_the_cap_and_delays_are_jittered(

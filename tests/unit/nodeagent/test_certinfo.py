@@ -10,8 +10,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from nodeagent.certinfo import read_certinfo
-from nodeagent.errors import IdentityError
+from tether.nodeagent.certinfo import read_certinfo
+from tether.nodeagent.errors import IdentityError
 
 
 def make_cert(not_before: dt.datetime, not_after: dt.datetime, serial: int) -> bytes:

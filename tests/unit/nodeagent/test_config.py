@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from nodeagent.config import load
-from nodeagent.errors import ConfigError
+from tether.nodeagent.config import load
+from tether.nodeagent.errors import ConfigError
 
 HASH = "sha256:" + "a" * 64
 

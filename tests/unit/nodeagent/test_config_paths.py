@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from nodeagent.config import load
+from tether.nodeagent.config import load
 
 
 def test_relative_flags_are_relative_to_the_working_directory(

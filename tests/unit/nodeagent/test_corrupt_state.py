@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from nodeagent.errors import StateError
-from nodeagent.model import Event, EventKind
-from nodeagent.outbox import Outbox
-from nodeagent.session import state_summary
-from nodeagent.statedb import StateDB
+from tether.nodeagent.errors import StateError
+from tether.nodeagent.model import Event, EventKind
+from tether.nodeagent.outbox import Outbox
+from tether.nodeagent.session import state_summary
+from tether.nodeagent.statedb import StateDB
 
 AGENT = Path(sys.executable).parent / "tether-agent"
 

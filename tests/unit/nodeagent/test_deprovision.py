@@ -6,10 +6,10 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from bootstrap.unit import unit_text
-from nodeagent.deprovision import ADMIN_UNIT_DIR, plan_removal, remove, systemd_unit
-from nodeagent.errors import RESET_EXIT_CODE, REVOKED_EXIT_CODE, NodeReset, NodeRevoked
-from nodeagent.upgrade import Install
+from tether.bootstrap.unit import unit_text
+from tether.nodeagent.deprovision import ADMIN_UNIT_DIR, plan_removal, remove, systemd_unit
+from tether.nodeagent.errors import RESET_EXIT_CODE, REVOKED_EXIT_CODE, NodeReset, NodeRevoked
+from tether.nodeagent.upgrade import Install
 
 
 def test_the_unit_neither_restarts_nor_fails_an_agent_the_controller_ended() -> None:

@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-from nodeagent.config import AgentConfig
-from nodeagent.model import Event, EventKind, Plan, Step
-from nodeagent.session import Agent
-from nodeagent.statedb import StateDB
 from tests.unit.nodeagent.test_executor import Harness
+from tether.nodeagent.config import AgentConfig
+from tether.nodeagent.model import Event, EventKind, Plan, Step
+from tether.nodeagent.session import Agent
+from tether.nodeagent.statedb import StateDB
 
 
 def count_fsyncs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
@@ -113,7 +113,7 @@ def test_events_are_on_disk_before_they_are_sent(tmp_path: Path) -> None:
 def test_a_streaming_agent_does_not_load_the_crypto_library() -> None:
     """cryptography (about 10 MB resident) is for enrolling and renewing only."""
     code = (
-        "import sys, nodeagent.main, nodeagent.session, nodeagent.certinfo\n"
+        "import sys, tether.nodeagent.main, tether.nodeagent.session, tether.nodeagent.certinfo\n"
         "assert 'cryptography' not in sys.modules, sorted(m for m in sys.modules if 'crypto' in m)\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from nodeagent.executor import Executor
-from nodeagent.journal import JournalState
-from nodeagent.model import Plan, Step
-from nodeagent.runner import Runner
-from nodeagent.secrets import Redactor
-from nodeagent.statedb import StateDB
+from tether.nodeagent.executor import Executor
+from tether.nodeagent.journal import JournalState
+from tether.nodeagent.model import Plan, Step
+from tether.nodeagent.runner import Runner
+from tether.nodeagent.secrets import Redactor
+from tether.nodeagent.statedb import StateDB
 
 
 class Harness:

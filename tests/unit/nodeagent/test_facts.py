@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from nodeagent import facts
-from nodeagent.model import Gpu
+from tether.nodeagent import facts
+from tether.nodeagent.model import Gpu
 
 # Real output of `nvidia-smi --query-gpu=... --format=csv,noheader,nounits` on an 8-GPU host (shape).
 SMI = """\

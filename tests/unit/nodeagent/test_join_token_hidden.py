@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from nodeagent.config import TOKEN_ENV
-from nodeagent.main import main, scrubbed_argv
+from tether.nodeagent.config import TOKEN_ENV
+from tether.nodeagent.main import main, scrubbed_argv
 
 TOKEN = "k7q2zp.c4n4ryc4n4ryc4n4ryc4n4ryc4n4ry01"
 

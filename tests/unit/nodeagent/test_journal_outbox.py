@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from nodeagent.journal import Journal, JournalState
-from nodeagent.model import Event, EventKind
-from nodeagent.outbox import Outbox
-from nodeagent.statedb import StateDB
+from tether.nodeagent.journal import Journal, JournalState
+from tether.nodeagent.model import Event, EventKind
+from tether.nodeagent.outbox import Outbox
+from tether.nodeagent.statedb import StateDB
 
 
 def open_db(tmp_path: Path) -> StateDB:

@@ -6,7 +6,7 @@ import io
 import json
 import logging
 
-from nodeagent import logs
+from tether.nodeagent import logs
 
 
 def test_json_lines_carry_bound_context_and_third_party_records() -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from nodeagent.main import main
+from tether.nodeagent.main import main
 
 
 def test_status_of_a_missing_state_dir_is_an_error_and_creates_nothing(

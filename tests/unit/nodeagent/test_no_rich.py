@@ -29,7 +29,7 @@ class NoRich:
         raise ModuleNotFoundError(f"No module named {name!r}", name=name)
 
 sys.meta_path.insert(0, NoRich())
-import nodeagent
+from tether import nodeagent
 EXTRA
 names = [m.name for m in pkgutil.walk_packages(nodeagent.__path__, "nodeagent.")]
 for name in names:
@@ -59,12 +59,12 @@ def test_no_agent_module_imports_rich() -> None:
 
 
 def test_the_agent_bundle_does_not_carry_rich() -> None:
-    from bootstrap.bundle import REQUIREMENTS
+    from tether.bootstrap.bundle import REQUIREMENTS
 
     assert "rich" not in REQUIREMENTS and "structlog" in REQUIREMENTS
 
 
 def test_the_hook_names_a_module_that_does_import_rich() -> None:
     with pytest.raises(subprocess.CalledProcessError) as failed:  # tetherctl's progress needs rich
-        run("import bootstrap.progress")
+        run("import tether.bootstrap.progress")
     assert "No module named 'rich'" in failed.value.stderr

@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from nodeagent import wire
-from nodeagent.bounds import cut_text
-from nodeagent.limits import EVENT_BATCH_BYTES, EVENT_BATCH_COUNT, MAX_LINE_BYTES
-from nodeagent.model import Event, EventKind
-from nodeagent.outbox import Outbox
-from nodeagent.statedb import StateDB
+from tether.nodeagent import wire
+from tether.nodeagent.bounds import cut_text
+from tether.nodeagent.limits import EVENT_BATCH_BYTES, EVENT_BATCH_COUNT, MAX_LINE_BYTES
+from tether.nodeagent.model import Event, EventKind
+from tether.nodeagent.outbox import Outbox
+from tether.nodeagent.statedb import StateDB
 
 
 def drain(box: Outbox) -> list[list[Event]]:

@@ -8,9 +8,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from nodeagent import session
-from nodeagent.config import AgentConfig
-from nodeagent.session import RETRY_HINT_MAX_SECONDS, Agent
+from tether.nodeagent import session
+from tether.nodeagent.config import AgentConfig
+from tether.nodeagent.session import RETRY_HINT_MAX_SECONDS, Agent
 
 
 def refused(code: grpc.StatusCode, *metadata: tuple[str, str]) -> grpc.aio.AioRpcError:

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from nodeagent.config import load
-from nodeagent.errors import ConfigError
-from nodeagent.identity import IdentityStore
+from tether.nodeagent.config import load
+from tether.nodeagent.errors import ConfigError
+from tether.nodeagent.identity import IdentityStore
 
 
 def _enrolled(state: Path, controllers: tuple[str, ...]) -> IdentityStore:

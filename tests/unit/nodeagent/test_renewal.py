@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import datetime as dt
 
-from nodeagent.certinfo import CertInfo
-from nodeagent.renewal import RETRY_AFTER_MAX, RenewalRule
+from tether.nodeagent.certinfo import CertInfo
+from tether.nodeagent.renewal import RETRY_AFTER_MAX, RenewalRule
 
 T0 = dt.datetime(2026, 12, 1, tzinfo=dt.timezone.utc)
 BACKDATE = dt.timedelta(minutes=5)

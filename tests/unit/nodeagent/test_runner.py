@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from nodeagent.model import Step
-from nodeagent.runner import TIMEOUT_EXIT_CODE, Runner
-from nodeagent.secrets import Redactor
+from tether.nodeagent.model import Step
+from tether.nodeagent.runner import TIMEOUT_EXIT_CODE, Runner
+from tether.nodeagent.secrets import Redactor
 
 
 def make_runner(tmp_path: Path, **kw: object) -> Runner:
@@ -104,7 +104,7 @@ async def test_provenance_and_secret_outputs_are_collected_and_secrets_redacted(
 async def test_secrets_too_large_to_reach_the_controller_fail_the_step(tmp_path: Path) -> None:
     """They could never be sent (the controller's receive limit): the step fails with one line
     instead of the agent resending a message the controller refuses, forever."""
-    from nodeagent.limits import STEP_SECRETS_BYTES
+    from tether.nodeagent.limits import STEP_SECRETS_BYTES
 
     size = STEP_SECRETS_BYTES + 10
     script = f'head -c {size} /dev/zero | tr "\\0" a | sed "s/^/KUBECONFIG=/" >> "$TETHER_SECRETS_OUT"\n'
@@ -158,7 +158,7 @@ async def test_a_script_cut_short_on_disk_is_written_again_not_run_empty(tmp_pat
 async def test_a_script_that_cannot_be_made_right_fails_the_step(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from nodeagent import runner as runner_module
+    from tether.nodeagent import runner as runner_module
 
     monkeypatch.setattr(runner_module, "_read_or_none", lambda path: b"")  # the disk gives back nothing
     result = await make_runner(tmp_path).run(Step(name="s", script="true\n").sealed(), Sink())

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from nodeagent.secrets import MASK, Redactor, Secret
+from tether.nodeagent.secrets import MASK, Redactor, Secret
 
 
 def test_secret_never_prints_its_value() -> None:
@@ -73,8 +73,8 @@ def test_third_party_tracebacks_are_masked_too() -> None:
     import io
     import logging
 
-    from nodeagent import logs
-    from nodeagent.secrets import PROCESS_REDACTOR
+    from tether.nodeagent import logs
+    from tether.nodeagent.secrets import PROCESS_REDACTOR
 
     stream = io.StringIO()
     logs.configure("info", stream=stream, json=True)
@@ -101,7 +101,7 @@ def leaked(text: str, secret: str = TOKEN_SECRET, piece: int = 5) -> list[str]:
 
 @pytest.mark.parametrize("shift", range(-40, 2))
 def test_a_secret_at_the_cut_is_masked_whole_never_by_halves(shift: int) -> None:
-    from nodeagent.limits import MAX_LINE_BYTES as MAX_LINE
+    from tether.nodeagent.limits import MAX_LINE_BYTES as MAX_LINE
 
     line = "x" * (MAX_LINE + shift) + " " + TOKEN + " tail"
     for r in (Redactor([TOKEN]), Redactor()):  # known, and only its shape
@@ -112,9 +112,9 @@ def test_a_secret_at_the_cut_is_masked_whole_never_by_halves(shift: int) -> None
 
 async def _output_of(tmp_path: Path, pad_char: str) -> list[str]:
     """The runner's output for a line of padding whose cut falls 9 characters into the secret."""
-    from nodeagent.limits import MAX_LINE_BYTES
-    from nodeagent.model import Step
-    from nodeagent.runner import Runner
+    from tether.nodeagent.limits import MAX_LINE_BYTES
+    from tether.nodeagent.model import Step
+    from tether.nodeagent.runner import Runner
 
     lines: list[str] = []
 
@@ -135,7 +135,7 @@ async def test_the_runner_redacts_a_long_line_before_cutting_it(tmp_path: Path) 
 
 
 async def test_a_long_line_is_masked_then_cut_once_in_bytes(tmp_path: Path) -> None:
-    from nodeagent.limits import MAX_LINE_BYTES
+    from tether.nodeagent.limits import MAX_LINE_BYTES
 
     lines = await _output_of(tmp_path, "é")
     assert len(lines[0].encode()) <= MAX_LINE_BYTES and not leaked(lines[0])
@@ -170,7 +170,7 @@ def test_token_id_prefixed_forms_are_masked_even_unknown() -> None:
 
 
 def test_a_secret_split_across_two_lines_is_masked_on_both() -> None:
-    from nodeagent.secrets import LineRedactor
+    from tether.nodeagent.secrets import LineRedactor
 
     key = "0badc0de" * 8
     lr = LineRedactor(Redactor())
@@ -194,8 +194,8 @@ def test_a_secret_split_across_two_lines_is_masked_on_both() -> None:
 
 
 async def test_the_runner_masks_a_token_split_across_lines(tmp_path: Path) -> None:
-    from nodeagent.model import Step
-    from nodeagent.runner import Runner
+    from tether.nodeagent.model import Step
+    from tether.nodeagent.runner import Runner
 
     lines: list[str] = []
 

@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from nodeagent.config import AgentConfig
-from nodeagent.errors import IdentityError, TaskFailed
-from nodeagent.executor import Executor
-from nodeagent.identity import Identity
-from nodeagent.session import Agent
-from nodeagent.supervise import failure_line, local_fault, no_space
+from tether.nodeagent.config import AgentConfig
+from tether.nodeagent.errors import IdentityError, TaskFailed
+from tether.nodeagent.executor import Executor
+from tether.nodeagent.identity import Identity
+from tether.nodeagent.session import Agent
+from tether.nodeagent.supervise import failure_line, local_fault, no_space
 
 
 async def forever(*_: object) -> None:
@@ -95,8 +95,8 @@ def test_the_failure_is_reported_to_the_controller_when_the_disk_allows(
     monkeypatch.setattr(Executor, "run_forever", raising(ValueError("boom")))
     agent = make_agent(tmp_path, monkeypatch)
     run_agent(agent)
-    from nodeagent.outbox import Outbox
-    from nodeagent.statedb import StateDB
+    from tether.nodeagent.outbox import Outbox
+    from tether.nodeagent.statedb import StateDB
 
     db = StateDB(tmp_path / "state" / "state.db")
     messages = [e.message for e in Outbox(db).pending()]

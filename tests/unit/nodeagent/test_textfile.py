@@ -1,4 +1,4 @@
-"""nodeagent.textfile: the agent's metrics for node-exporter's textfile collector."""
+"""tether.nodeagent.textfile: the agent's metrics for node-exporter's textfile collector."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from nodeagent.journal import Journal, JournalState
-from nodeagent.model import Plan, Step
-from nodeagent.statedb import StateDB
-from nodeagent.textfile import (
+from tether.nodeagent.journal import Journal, JournalState
+from tether.nodeagent.model import Plan, Step
+from tether.nodeagent.statedb import StateDB
+from tether.nodeagent.textfile import (
     STEP_STATES,
     AgentFigures,
     TextfileWriter,

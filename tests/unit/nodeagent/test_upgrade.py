@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-import nodeagent
-from bootstrap.layout import Layout, launcher
-from nodeagent import upgrade
-from nodeagent.limits import UPGRADE_MAX_STARTS
-from nodeagent.model import AgentTarget
-from nodeagent.upgrade import Install, UpgradeError
+from tether import nodeagent
+from tether.bootstrap.layout import Layout, launcher
+from tether.nodeagent import upgrade
+from tether.nodeagent.limits import UPGRADE_MAX_STARTS
+from tether.nodeagent.model import AgentTarget
+from tether.nodeagent.upgrade import Install, UpgradeError
 
 
 def archive(version: str, *, python: str = "", arch: str = "", extra: bytes = b"") -> bytes:
@@ -28,7 +28,7 @@ def archive(version: str, *, python: str = "", arch: str = "", extra: bytes = b"
     files = {
         "BUNDLE.json": json.dumps(manifest).encode(),
         "launch.py": b"print('launch')\n" + extra,
-        "lib/nodeagent/__init__.py": f"__version__ = {version!r}\n".encode(),
+        "lib/tether/nodeagent/__init__.py": f"__version__ = {version!r}\n".encode(),
     }
     raw = io.BytesIO()
     with tarfile.open(fileobj=raw, mode="w:gz") as tar:
@@ -64,7 +64,7 @@ def staged(install: Install, version: str) -> tuple[AgentTarget, str]:
 
 def test_an_install_is_found_from_the_module_path_and_a_checkout_is_not(tmp_path: Path) -> None:
     install = installed(tmp_path)
-    module = install.agents_dir / install.bundle_id / "lib/nodeagent/__init__.py"
+    module = install.agents_dir / install.bundle_id / "lib/tether/nodeagent/__init__.py"
     assert Install.find(str(module)) == install
     assert Install.find(nodeagent.__file__) is None  # this source checkout
     os.remove(install.agents_dir / "current")
@@ -75,7 +75,9 @@ def test_staging_unpacks_beside_the_running_bundle_and_checks_the_manifest(tmp_p
     install = installed(tmp_path)
     target, bid = staged(install, "2.0")
     assert bid == target.sha256[:16] != install.bundle_id
-    assert (install.agents_dir / bid / "lib/nodeagent/__init__.py").read_text() == "__version__ = '2.0'\n"
+    assert (
+        install.agents_dir / bid / "lib/tether/nodeagent/__init__.py"
+    ).read_text() == "__version__ = '2.0'\n"
     assert (install.agents_dir / install.bundle_id / "BUNDLE.json").is_file()  # the old one stays
     assert not install.download(target).exists()
     assert os.readlink(install.path("current")) == install.bundle_id  # not switched yet

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from nodeagent import upgrade
-from nodeagent.model import AgentTarget, Event, Plan, Step
-from nodeagent.upgrade import Install, RolledBack, Startup, UpgradeError
-from nodeagent.upgrader import ProbationExpired, Upgrader
 from tests.unit.nodeagent.test_executor import Harness
+from tether.nodeagent import upgrade
+from tether.nodeagent.model import AgentTarget, Event, Plan, Step
+from tether.nodeagent.upgrade import Install, RolledBack, Startup, UpgradeError
+from tether.nodeagent.upgrader import ProbationExpired, Upgrader
 
 V2 = AgentTarget("9.9.9", "ab" * 32, 1000)
 

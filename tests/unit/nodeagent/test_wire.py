@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from nodeagent import wire
-from nodeagent.model import (
+from tether.nodeagent import wire
+from tether.nodeagent.model import (
     ClusterNode,
     ClusterView,
     Event,

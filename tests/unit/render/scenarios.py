@@ -9,10 +9,10 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from controller.render import NodeContext, render
-from controller.render.targets import facts_for
-from controller.spec import load_document
-from nodeagent.model import Plan
+from tether.controller.render import NodeContext, render
+from tether.controller.render.targets import facts_for
+from tether.controller.spec import load_document
+from tether.nodeagent.model import Plan
 
 GOLDEN = Path(__file__).parent / "golden"
 FAMILY_OS = {"debian": "ubuntu-22.04", "rhel": "rocky-9", "amazon": "amazon-linux-2023"}

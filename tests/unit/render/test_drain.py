@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from controller.cli.main import main
-from controller.cluster.context import (
+from tests.unit.render import scenarios
+from tether.controller.cli.main import main
+from tether.controller.cluster.context import (
     DRAIN_GATE,
     GATE_DONE,
     GATE_MESSAGE,
@@ -20,11 +21,10 @@ from controller.cluster.context import (
     context_for,
     preview_context,
 )
-from controller.render import NodeContext, render
-from controller.render.targets import facts_for
-from controller.spec import load_document
-from nodeagent.model import Plan
-from tests.unit.render import scenarios
+from tether.controller.render import NodeContext, render
+from tether.controller.render.targets import facts_for
+from tether.controller.spec import load_document
+from tether.nodeagent.model import Plan
 
 CLUSTER = (
     "  kubernetes: {install: true, installer: kubeadm, release: {version: v1.31.0}}\n"

@@ -17,12 +17,12 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from controller.cluster.context import ClusterContext, Position
-from controller.render import NodeContext, render
-from controller.render.targets import facts_for
-from controller.spec import SpecError, load_document
-from controller.spec.model import EnvironmentSpec
 from tests.unit.render.shellrun import run_bash
+from tether.controller.cluster.context import ClusterContext, Position
+from tether.controller.render import NodeContext, render
+from tether.controller.render.targets import facts_for
+from tether.controller.spec import SpecError, load_document
+from tether.controller.spec.model import EnvironmentSpec
 
 SHA = "sha256:" + "ab" * 32
 PAYLOADS = [

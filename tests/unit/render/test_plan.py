@@ -9,12 +9,12 @@ from typing import Any
 import pytest
 import yaml
 
-from controller.render import NodeContext, render
-from controller.render.shell import ShellWord, finalize, q
-from controller.render.targets import facts_for
-from controller.render.templating import ENV
-from controller.spec import load_document
 from tests.unit.render import scenarios
+from tether.controller.render import NodeContext, render
+from tether.controller.render.shell import ShellWord, finalize, q
+from tether.controller.render.targets import facts_for
+from tether.controller.render.templating import ENV
+from tether.controller.spec import load_document
 
 EVERYTHING = scenarios.HEAD + (
     "  kernel: {version: 6.8.0-1015-aws}\n"
@@ -99,8 +99,8 @@ def test_templates_cannot_emit_unquoted_values() -> None:
 
 
 def test_ha_init_advertises_its_own_address_and_signs_the_load_balancer_name() -> None:
-    from controller.cluster.context import INIT_STEP, ClusterContext, Position
-    from controller.render.components.cluster import ADVERTISE, ENDPOINT
+    from tether.controller.cluster.context import INIT_STEP, ClusterContext, Position
+    from tether.controller.render.components.cluster import ADVERTISE, ENDPOINT
 
     doc = scenarios.HEAD + (
         "  kubernetes: {install: true}\n"

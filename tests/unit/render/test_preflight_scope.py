@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from controller.render import NodeContext, render
-from controller.render.targets import facts_for
-from controller.spec import load_document
+from tether.controller.render import NodeContext, render
+from tether.controller.render.targets import facts_for
+from tether.controller.spec import load_document
 
 HEAD = "apiVersion: tether.dev/v1alpha1\nkind: Environment\nmetadata: {name: e}\nspec:\n"
 

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from controller.render import NodeContext, render
-from controller.render.targets import facts_for
-from controller.spec import load_document
-from nodeagent.model import Plan
 from tests.unit.render import scenarios
 from tests.unit.render.shellrun import curl_serving, run_bash
+from tether.controller.render import NodeContext, render
+from tether.controller.render.targets import facts_for
+from tether.controller.spec import load_document
+from tether.nodeagent.model import Plan
 
 UPSTREAM = {
     "kubernetes": "pkgs.k8s.io",

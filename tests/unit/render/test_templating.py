@@ -8,9 +8,9 @@ import jinja2
 import pytest
 from jinja2.exceptions import SecurityError
 
-from controller.render import steps
-from controller.render.templating import ENV, render_template
 from tests.unit.render import scenarios
+from tether.controller.render import steps
+from tether.controller.render.templating import ENV, render_template
 
 
 def test_a_missing_variable_is_an_error_not_an_empty_string() -> None:

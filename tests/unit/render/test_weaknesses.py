@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from controller.render import NodeContext, downloads, render
-from controller.render.components import kubeadm_config
-from controller.render.context import target_of
-from controller.render.steps import RenderInput
-from controller.render.targets import facts_for
-from controller.spec import SpecError, load_document
 from tests.unit.render import scenarios, shellrun
 from tests.unit.render.shellrun import curl_serving, run_bash
+from tether.controller.render import NodeContext, downloads, render
+from tether.controller.render.components import kubeadm_config
+from tether.controller.render.context import target_of
+from tether.controller.render.steps import RenderInput
+from tether.controller.render.targets import facts_for
+from tether.controller.spec import SpecError, load_document
 
 ALL = [(n, o) for n, o in scenarios.cases()]
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from controller.cli import commands
-from controller.limits import MAX_DOCUMENT_BYTES
-from controller.spec import SpecError, inline_local_files, load_document
+from tether.controller.cli import commands
+from tether.controller.limits import MAX_DOCUMENT_BYTES
+from tether.controller.spec import SpecError, inline_local_files, load_document
 
 HOLODECK = """\
 apiVersion: holodeck.nvidia.com/v1alpha1

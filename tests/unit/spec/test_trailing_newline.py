@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from controller.spec import SpecError, load_document
+from tether.controller.spec import SpecError, load_document
 
 SHA = "sha256:" + "ab" * 32
 Build = Callable[[str], dict[str, Any]]

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from controller.limits import MAX_YAML_DEPTH, MAX_YAML_NODES
-from controller.spec import SpecError, inline_local_files, load_document
+from tether.controller.limits import MAX_YAML_DEPTH, MAX_YAML_NODES
+from tether.controller.spec import SpecError, inline_local_files, load_document
 
 HEAD = "apiVersion: tether.dev/v1alpha1\nkind: Environment\nmetadata: {name: env}\n"
 
