@@ -13,7 +13,7 @@ from tether.bootstrap.layout import DEFAULT_LAYOUT, Layout
 
 def unit_text(layout: Layout = DEFAULT_LAYOUT) -> str:
     """The unit file, with its paths moved when ``layout`` is not the default one."""
-    text = resources.files("bootstrap").joinpath("tether-agent.service").read_text()
+    text = resources.files("tether.bootstrap").joinpath("tether-agent.service").read_text()
     default = DEFAULT_LAYOUT
     for old, new in (
         (default.launcher, layout.launcher),

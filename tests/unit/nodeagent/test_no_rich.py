@@ -31,7 +31,7 @@ class NoRich:
 sys.meta_path.insert(0, NoRich())
 from tether import nodeagent
 EXTRA
-names = [m.name for m in pkgutil.walk_packages(nodeagent.__path__, "nodeagent.")]
+names = [m.name for m in pkgutil.walk_packages(nodeagent.__path__, "tether.nodeagent.")]
 for name in names:
     importlib.import_module(name)
 print(json.dumps({"modules": len(names), "asked": sorted(set(asked)),
@@ -54,7 +54,7 @@ def test_no_agent_module_imports_rich() -> None:
     got = run()
     assert int(got["modules"]) > 20  # type: ignore[call-overload]
     assert got["loaded"] == []
-    assert not [m for m in got["asked"] if m.startswith("nodeagent")]  # type: ignore[attr-defined]
+    assert not [m for m in got["asked"] if m.startswith("tether.nodeagent")]  # type: ignore[attr-defined]
     assert all(m.startswith("structlog.") for m in got["asked"])  # type: ignore[attr-defined]
 
 
