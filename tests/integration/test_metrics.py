@@ -5,9 +5,7 @@ provisions a node and then takes part in a rollout."""
 from __future__ import annotations
 
 import contextlib
-import os
 import re
-import shutil
 import signal
 import socket
 import sqlite3
@@ -22,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.integration.conftest import ca_hash, token, wait_state
 from tests.integration.harness import BIN, Agent, Controller, wait_for
+from tests.tools import system_tool
 
 pytestmark = pytest.mark.integration
 
@@ -30,12 +29,7 @@ Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
 def promtool() -> str:
-    exe = shutil.which("promtool")
-    if exe is None:
-        if os.geteuid() != 0:
-            pytest.skip("promtool is not installed and this is not root (run scripts/system-deps as root)")
-        pytest.fail("promtool is missing: scripts/system-deps installs it (Debian's prometheus package)")
-    return exe
+    return system_tool("promtool", "prometheus")
 
 
 def promtool_check(text: str) -> None:

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
-
+from tests.tools import system_tool
 from tether.nodeagent.journal import Journal, JournalState
 from tether.nodeagent.model import Plan, Step
 from tether.nodeagent.statedb import StateDB
@@ -23,12 +21,7 @@ from tether.nodeagent.textfile import (
 
 
 def promtool() -> str:
-    exe = shutil.which("promtool")
-    if exe is None:
-        if os.geteuid() != 0:
-            pytest.skip("promtool is not installed and this is not root (run scripts/system-deps as root)")
-        pytest.fail("promtool is missing: scripts/system-deps installs it (Debian's prometheus package)")
-    return exe
+    return system_tool("promtool", "prometheus")
 
 
 FIGURES = AgentFigures(

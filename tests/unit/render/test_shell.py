@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import hashlib
-import os
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from tests.tools import system_tool
 from tests.unit.render import scenarios
 
 
@@ -43,12 +42,7 @@ def test_every_script_parses(scripts: list[Path]) -> None:
 
 
 def _shellcheck() -> str:
-    exe = shutil.which("shellcheck")
-    if exe is None:
-        if os.geteuid() != 0:
-            pytest.skip("shellcheck is not installed and this is not root (run scripts/system-deps as root)")
-        pytest.fail("shellcheck is missing: scripts/system-deps installs it")
-    return exe
+    return system_tool("shellcheck")
 
 
 def test_every_script_passes_shellcheck(scripts: list[Path]) -> None:
