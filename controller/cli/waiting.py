@@ -107,9 +107,7 @@ def _judge(nodes: list[Any], envs: dict[str, Any], detail: Callable[[str], Any])
             return Verdict(failure=f"node {n.name} is revoked")
         if n.state == "failed" and current:
             steps = n.steps or getattr(detail(n.name), "steps", ())
-            step = next(
-                (s for s in steps if s.state == "failed" and not s.message.startswith("continue")), None
-            )
+            step = next((s for s in steps if s.state == "failed"), None)
             what = (
                 f"step {step.name} failed ({step.message or f'exit {step.exit_code}'})" if step else "failed"
             )

@@ -50,7 +50,7 @@ from tether.controller.cluster.material import KUBECONFIG, JoinMaterial
 from tether.controller.cluster.scripts import label_task, refresh_task
 from tether.controller.errors import FailedPrecondition, NotFound
 from tether.controller.hub import Hub
-from tether.controller.nodestate import node_state
+from tether.controller.nodestate import failing_step, failure_text, node_state
 from tether.controller.secretbox import SecretBox
 from tether.controller.spec import LoadedSpec, load_document
 from tether.controller.spec.model import ClusterSpec
@@ -570,7 +570,7 @@ class Orchestrator:
             services = dict(reported.services) if reported else {}
             if reported is not None and reported.cluster is not None and n.role == Role.CONTROL_PLANE.value:
                 views.append(reported.cluster)
-            failed = next((s for s in steps if s.state == "failed" and not s.continue_on_error), None)
+            failed = failing_step(steps)
             members.append(
                 health.Member(
                     name=n.name,
@@ -581,9 +581,7 @@ class Orchestrator:
                     runtime=next(
                         (services[r] for r in ("containerd", "crio", "docker") if r in services), ""
                     ),
-                    failure=f"{failed.name}: {failed.message or 'exit ' + str(failed.exit_code)}"
-                    if failed
-                    else "",
+                    failure=f"{failed.name}: {failure_text(failed)}" if failed else "",
                 )
             )
         view = max(views, key=lambda v: v.time_ms) if views else None

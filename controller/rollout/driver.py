@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from tether.controller.cluster.orchestrator import Orchestrator
 from tether.controller.errors import FailedPrecondition, NotFound
 from tether.controller.hub import Hub
-from tether.controller.nodestate import node_state
+from tether.controller.nodestate import failing_step, failure_text, node_state
 from tether.controller.planner import Planner
 from tether.controller.rollout.advance import Observed, advance
 from tether.controller.rollout.state import NodeProgress, NodeStage, Rollout, RolloutStatus
@@ -271,12 +271,12 @@ class RolloutDriver:
     def _look(self, r: Rollout, node: NodeRecord) -> Observed:
         steps = self._store.node_steps(node.name)
         state = node_state(node, steps, self._hub.connected(node.name)).value
-        failed = next((s for s in steps if s.state == "failed" and not s.continue_on_error), None)
+        failed = failing_step(steps)
         return Observed(
             generation=node.plan_generation,
             state=state,
             failed_step=failed.name if failed else "",
-            failed_message=(failed.message or f"exit {failed.exit_code}") if failed else "",
+            failed_message=failure_text(failed) if failed else "",
             agent_ok=not r.agent_version or node.agent_version == r.agent_version,
             rolled_back=bool(r.agent_version) and node.agent_rolled_back_from == r.agent_version,
         )
