@@ -115,6 +115,7 @@ class Agent:
         self.state = AgentState.ENROLLING
         self.identity: Identity | None = None
         self._kick = asyncio.Event()
+        self._health_now = asyncio.Event()  # a stream came up: report health without waiting
         self._control: asyncio.Queue[wire.pb.AgentMessage] = asyncio.Queue()
         self._gates: dict[str, asyncio.Future[Mapping[str, str]]] = {}
         self._gate_digests: dict[str, tuple[str, int]] = {}  # step -> (digest, attempt)
@@ -394,6 +395,7 @@ class Agent:
             self._streaming = True
             self.last_connected = time.time()
             self._set_state(AgentState.STREAMING)
+            self._health_now.set()  # the controller sees fresh health (and an upgrade commits) at once
             await self._remember_controller()
             log.info(
                 "streaming",
@@ -611,6 +613,7 @@ class Agent:
     async def _health_loop(self) -> None:
         await asyncio.sleep(1.0)
         while True:
+            self._health_now.clear()  # before the report: a stream coming up meanwhile asks again
             if self._streaming:
                 try:
                     health = await asyncio.to_thread(facts.collect_health, self.state_dir)
@@ -620,7 +623,8 @@ class Agent:
                 if self.identity is not None:
                     self._maybe_renew(self.identity)  # a stream can outlive two thirds of a certificate
             self._write_metrics()
-            await asyncio.sleep(self.heartbeat)
+            with contextlib.suppress(asyncio.TimeoutError):  # a heartbeat's time: the next report
+                await asyncio.wait_for(self._health_now.wait(), self.heartbeat)
 
     def _write_metrics(self) -> None:
         """The metrics textfile, when configured (a failure is logged by the writer, once)."""

@@ -8,6 +8,7 @@ keeps as the node's ``agent_rolled_back_from``, and the rollout counts it failed
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sqlite3
@@ -75,6 +76,10 @@ def nodes(controller: Controller) -> dict[str, dict[str, Any]]:
     return {n["name"]: n for n in json.loads(controller.ctl("node", "list", "-o", "json").stdout)}
 
 
+def only_running_bundle(bed: Testbed, name: str, running: str) -> bool:
+    return sorted(bed.exec(name, f"ls -A {AGENTS}").stdout.split()) == sorted(["current", running])
+
+
 def bootstrap(bed: Testbed, controller: Controller, workdir: Path) -> None:
     desc = bed.describe()
     inventory = workdir / "nodes.yaml"
@@ -127,7 +132,13 @@ def test_three_nodes_upgrade_and_the_one_with_a_broken_bundle_rolls_back_by_itse
     for name in ("node1", "node2"):
         assert current[name]["connected"] and rolled_back(controller, name) == ""
         running = bed.exec(name, f"readlink {AGENTS}/current").stdout.strip()
-        assert sorted(bed.exec(name, f"ls -A {AGENTS}").stdout.split()) == sorted(["current", running])
+        # The new agent commits (removes the old bundle and the upgrade records) once its first
+        # health report is out, a moment after the hello that told the controller its version.
+        wait_for(
+            functools.partial(only_running_bundle, bed, name, running),
+            30,
+            what=f"{name}: the upgrade committed (only the running bundle left)",
+        )
     record = bed.exec("node3", f"cat {AGENTS}/upgrade.rolledback").stdout
     assert f"version={V2}" in record and "did not start" in record
     assert bed.exec("node3", "systemctl is-active tether-agent").stdout.strip() == "active"

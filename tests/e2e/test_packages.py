@@ -214,8 +214,10 @@ def test_the_controller_hosts_its_own_agent_and_restarts_with_it(
 def test_bootstrap_on_a_packaged_enrolled_node_changes_nothing(
     bed: Testbed, controller: dict[str, str], tmp_path: Path
 ) -> None:
-    if not node_record(bed, "node2").get("connected"):
+    if not node_record(bed, "node2").get("state"):
         pytest.fail("node2 is not enrolled (the provisioning test above failed)")
+    # The controller restarted in the test above: node2 comes back on its own backoff.
+    wait_for(lambda: node_record(bed, "node2").get("connected"), timeout=90, what="node2 reconnected")
     conf = tmp_path / "admin.conf"
     conf.write_text(bed.exec("node1", f"cat {ADMIN_CONF}").stdout)
     conf.chmod(0o600)
