@@ -11,6 +11,7 @@ from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from tether.v1 import common_pb2 as _common_pb2
 import builtins as _builtins
 import sys
@@ -23,8 +24,43 @@ else:
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class _NodeEventType:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _NodeEventTypeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_NodeEventType.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    NODE_EVENT_TYPE_UNSPECIFIED: _NodeEventType.ValueType  # 0
+    NODE_EVENT_TYPE_ADDED: _NodeEventType.ValueType  # 1
+    """in the initial list, or newly enrolled"""
+    NODE_EVENT_TYPE_MODIFIED: _NodeEventType.ValueType  # 2
+    """its state changed"""
+    NODE_EVENT_TYPE_DELETED: _NodeEventType.ValueType  # 3
+    """forgotten (deleted or reset); node holds its last record"""
+    NODE_EVENT_TYPE_SYNCED: _NodeEventType.ValueType  # 4
+    """the initial list is complete (node is empty)"""
+
+class NodeEventType(_NodeEventType, metaclass=_NodeEventTypeEnumTypeWrapper): ...
+
+NODE_EVENT_TYPE_UNSPECIFIED: NodeEventType.ValueType  # 0
+NODE_EVENT_TYPE_ADDED: NodeEventType.ValueType  # 1
+"""in the initial list, or newly enrolled"""
+NODE_EVENT_TYPE_MODIFIED: NodeEventType.ValueType  # 2
+"""its state changed"""
+NODE_EVENT_TYPE_DELETED: NodeEventType.ValueType  # 3
+"""forgotten (deleted or reset); node holds its last record"""
+NODE_EVENT_TYPE_SYNCED: NodeEventType.ValueType  # 4
+"""the initial list is complete (node is empty)"""
+Global___NodeEventType: _TypeAlias = NodeEventType  # noqa: Y015
+
 @_typing.final
 class Environment(_message.Message):
+    """Paging (AIP-158) on ListNodes, ListTokens, ListEnvironments and ListAuditRecords:
+    page_size 0 takes the default; above the maximum it is lowered to it; a page may hold fewer
+    items than asked (it is also bounded in bytes), and next_page_token is empty on the last one.
+    A page_token is opaque and valid only with the same request fields (else INVALID_ARGUMENT).
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
     NAME_FIELD_NUMBER: _builtins.int
@@ -75,18 +111,25 @@ class ApplyEnvironmentRequest(_message.Message):
 
     DOCUMENT_FIELD_NUMBER: _builtins.int
     DRY_RUN_FIELD_NUMBER: _builtins.int
+    EXPECTED_GENERATION_FIELD_NUMBER: _builtins.int
     document: _builtins.str
     """YAML or JSON"""
     dry_run: _builtins.bool
+    expected_generation: _builtins.int
+    """Optimistic concurrency: apply only if the environment's current generation is this one
+    (0: no check; a new environment has generation 0 until applied, so use 0 to create).
+    A mismatch is ABORTED, and the message names the current generation.
+    """
     def __init__(
         self,
         *,
         document: _builtins.str = ...,
         dry_run: _builtins.bool = ...,
+        expected_generation: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["document", b"document", "dry_run", b"dry_run"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["document", b"document", "dry_run", b"dry_run", "expected_generation", b"expected_generation"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -142,12 +185,20 @@ Global___GetEnvironmentRequest: _TypeAlias = GetEnvironmentRequest  # noqa: Y015
 class ListEnvironmentsRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    page_size: _builtins.int
+    """default 100, maximum 1000"""
+    page_token: _builtins.str
     def __init__(
         self,
+        *,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -158,16 +209,19 @@ class ListEnvironmentsResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     ENVIRONMENTS_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
     @_builtins.property
     def environments(self) -> _containers.RepeatedCompositeFieldContainer[Global___Environment]: ...
     def __init__(
         self,
         *,
         environments: _abc.Iterable[Global___Environment] | None = ...,
+        next_page_token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["environments", b"environments"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["environments", b"environments", "next_page_token", b"next_page_token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -338,15 +392,22 @@ class ListTokensRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     ENVIRONMENT_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     environment: _builtins.str
+    page_size: _builtins.int
+    """default 100, maximum 1000"""
+    page_token: _builtins.str
     def __init__(
         self,
         *,
         environment: _builtins.str = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["environment", b"environment"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["environment", b"environment", "page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -357,16 +418,19 @@ class ListTokensResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     TOKENS_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
     @_builtins.property
     def tokens(self) -> _containers.RepeatedCompositeFieldContainer[Global___Token]: ...
     def __init__(
         self,
         *,
         tokens: _abc.Iterable[Global___Token] | None = ...,
+        next_page_token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["tokens", b"tokens"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["next_page_token", b"next_page_token", "tokens", b"tokens"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -569,15 +633,22 @@ class ListNodesRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     ENVIRONMENT_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     environment: _builtins.str
+    page_size: _builtins.int
+    """default 100, maximum 1000 (and at most 2 MiB of nodes a page)"""
+    page_token: _builtins.str
     def __init__(
         self,
         *,
         environment: _builtins.str = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["environment", b"environment"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["environment", b"environment", "page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -588,16 +659,21 @@ class ListNodesResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     NODES_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
     @_builtins.property
-    def nodes(self) -> _containers.RepeatedCompositeFieldContainer[Global___Node]: ...
+    def nodes(self) -> _containers.RepeatedCompositeFieldContainer[Global___Node]:
+        """ordered by name"""
+
     def __init__(
         self,
         *,
         nodes: _abc.Iterable[Global___Node] | None = ...,
+        next_page_token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["nodes", b"nodes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["next_page_token", b"next_page_token", "nodes", b"nodes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1657,3 +1733,171 @@ class ListAgentBundlesResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListAgentBundlesResponse: _TypeAlias = ListAgentBundlesResponse  # noqa: Y015
+
+@_typing.final
+class WatchNodesRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENVIRONMENT_FIELD_NUMBER: _builtins.int
+    REVISION_FIELD_NUMBER: _builtins.int
+    environment: _builtins.str
+    """"" = every environment the caller may see"""
+    revision: _builtins.int
+    """0: the current list first (ADDED each, then SYNCED); else only the changes after this
+    revision (a NodeEvent's revision), as if the stream had never broken.
+    """
+    def __init__(
+        self,
+        *,
+        environment: _builtins.str = ...,
+        revision: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["environment", b"environment", "revision", b"revision"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WatchNodesRequest: _TypeAlias = WatchNodesRequest  # noqa: Y015
+
+@_typing.final
+class NodeEvent(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TYPE_FIELD_NUMBER: _builtins.int
+    NODE_FIELD_NUMBER: _builtins.int
+    REVISION_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    type: Global___NodeEventType.ValueType
+    revision: _builtins.int
+    """resume from here"""
+    reason: _builtins.str
+    """The state change: enrolled | provisioning | provisioned | failed | offline | quarantined |
+    revoked | deleted ("" in the initial list).
+    """
+    @_builtins.property
+    def node(self) -> Global___Node:
+        """the node as it is now"""
+
+    def __init__(
+        self,
+        *,
+        type: Global___NodeEventType.ValueType = ...,
+        node: Global___Node | None = ...,
+        revision: _builtins.int = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["node", b"node"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["node", b"node", "reason", b"reason", "revision", b"revision", "type", b"type"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___NodeEvent: _TypeAlias = NodeEvent  # noqa: Y015
+
+@_typing.final
+class AuditRecord(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    TIME_MS_FIELD_NUMBER: _builtins.int
+    ADMIN_FIELD_NUMBER: _builtins.int
+    FINGERPRINT_FIELD_NUMBER: _builtins.int
+    METHOD_FIELD_NUMBER: _builtins.int
+    ENVIRONMENT_FIELD_NUMBER: _builtins.int
+    NODE_FIELD_NUMBER: _builtins.int
+    GENERATION_BEFORE_FIELD_NUMBER: _builtins.int
+    GENERATION_AFTER_FIELD_NUMBER: _builtins.int
+    OUTCOME_FIELD_NUMBER: _builtins.int
+    DETAIL_FIELD_NUMBER: _builtins.int
+    id: _builtins.int
+    time_ms: _builtins.int
+    admin: _builtins.str
+    """the admin certificate's name"""
+    fingerprint: _builtins.str
+    """its SHA-256 fingerprint"""
+    method: _builtins.str
+    """e.g. ApplyEnvironment"""
+    environment: _builtins.str
+    node: _builtins.str
+    generation_before: _builtins.int
+    """environment changes"""
+    generation_after: _builtins.int
+    outcome: _builtins.str
+    """ok, or the status code name (e.g. PERMISSION_DENIED)"""
+    detail: _builtins.str
+    """what was done, or the error's message (never a secret)"""
+    def __init__(
+        self,
+        *,
+        id: _builtins.int = ...,
+        time_ms: _builtins.int = ...,
+        admin: _builtins.str = ...,
+        fingerprint: _builtins.str = ...,
+        method: _builtins.str = ...,
+        environment: _builtins.str = ...,
+        node: _builtins.str = ...,
+        generation_before: _builtins.int = ...,
+        generation_after: _builtins.int = ...,
+        outcome: _builtins.str = ...,
+        detail: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["admin", b"admin", "detail", b"detail", "environment", b"environment", "fingerprint", b"fingerprint", "generation_after", b"generation_after", "generation_before", b"generation_before", "id", b"id", "method", b"method", "node", b"node", "outcome", b"outcome", "time_ms", b"time_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AuditRecord: _TypeAlias = AuditRecord  # noqa: Y015
+
+@_typing.final
+class ListAuditRecordsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENVIRONMENT_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    environment: _builtins.str
+    """"" = all the caller may see"""
+    page_size: _builtins.int
+    """default 100, maximum 1000"""
+    page_token: _builtins.str
+    def __init__(
+        self,
+        *,
+        environment: _builtins.str = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["environment", b"environment", "page_size", b"page_size", "page_token", b"page_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListAuditRecordsRequest: _TypeAlias = ListAuditRecordsRequest  # noqa: Y015
+
+@_typing.final
+class ListAuditRecordsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RECORDS_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    @_builtins.property
+    def records(self) -> _containers.RepeatedCompositeFieldContainer[Global___AuditRecord]:
+        """newest first"""
+
+    def __init__(
+        self,
+        *,
+        records: _abc.Iterable[Global___AuditRecord] | None = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["next_page_token", b"next_page_token", "records", b"records"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListAuditRecordsResponse: _TypeAlias = ListAuditRecordsResponse  # noqa: Y015

@@ -180,6 +180,16 @@ class AdminServiceStub:
                 request_serializer=tether_dot_v1_dot_admin__pb2.ListAgentBundlesRequest.SerializeToString,
                 response_deserializer=tether_dot_v1_dot_admin__pb2.ListAgentBundlesResponse.FromString,
                 _registered_method=True)
+        self.WatchNodes = channel.unary_stream(
+                '/tether.v1.AdminService/WatchNodes',
+                request_serializer=tether_dot_v1_dot_admin__pb2.WatchNodesRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_admin__pb2.NodeEvent.FromString,
+                _registered_method=True)
+        self.ListAuditRecords = channel.unary_unary(
+                '/tether.v1.AdminService/ListAuditRecords',
+                request_serializer=tether_dot_v1_dot_admin__pb2.ListAuditRecordsRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_admin__pb2.ListAuditRecordsResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -372,6 +382,23 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchNodes(self, request, context):
+        """The nodes of an environment (or all the caller may see) as they are now, one event each
+        (ADDED), then SYNCED once, then one event per state change, as it happens. Resume after a
+        disconnect with the last revision received; a revision older than the controller keeps
+        is OUT_OF_RANGE (list again from 0).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListAuditRecords(self, request, context):
+        """Who changed what: every mutating call, newest first, paged.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -519,6 +546,16 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.ListAgentBundles,
                     request_deserializer=tether_dot_v1_dot_admin__pb2.ListAgentBundlesRequest.FromString,
                     response_serializer=tether_dot_v1_dot_admin__pb2.ListAgentBundlesResponse.SerializeToString,
+            ),
+            'WatchNodes': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchNodes,
+                    request_deserializer=tether_dot_v1_dot_admin__pb2.WatchNodesRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_admin__pb2.NodeEvent.SerializeToString,
+            ),
+            'ListAuditRecords': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListAuditRecords,
+                    request_deserializer=tether_dot_v1_dot_admin__pb2.ListAuditRecordsRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_admin__pb2.ListAuditRecordsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1304,6 +1341,60 @@ class AdminService:
             '/tether.v1.AdminService/ListAgentBundles',
             tether_dot_v1_dot_admin__pb2.ListAgentBundlesRequest.SerializeToString,
             tether_dot_v1_dot_admin__pb2.ListAgentBundlesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchNodes(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/tether.v1.AdminService/WatchNodes',
+            tether_dot_v1_dot_admin__pb2.WatchNodesRequest.SerializeToString,
+            tether_dot_v1_dot_admin__pb2.NodeEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListAuditRecords(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.AdminService/ListAuditRecords',
+            tether_dot_v1_dot_admin__pb2.ListAuditRecordsRequest.SerializeToString,
+            tether_dot_v1_dot_admin__pb2.ListAuditRecordsResponse.FromString,
             options,
             channel_credentials,
             insecure,

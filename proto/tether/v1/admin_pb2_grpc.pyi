@@ -79,6 +79,14 @@ class AdminServiceStub:
     """Move the agents of an environment to another version, as a rollout."""
     ListAgentBundles: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListAgentBundlesRequest, _admin_pb2.ListAgentBundlesResponse]
     """The agent versions this controller can hand out."""
+    WatchNodes: _grpc.UnaryStreamMultiCallable[_admin_pb2.WatchNodesRequest, _admin_pb2.NodeEvent]
+    """The nodes of an environment (or all the caller may see) as they are now, one event each
+    (ADDED), then SYNCED once, then one event per state change, as it happens. Resume after a
+    disconnect with the last revision received; a revision older than the controller keeps
+    is OUT_OF_RANGE (list again from 0).
+    """
+    ListAuditRecords: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListAuditRecordsRequest, _admin_pb2.ListAuditRecordsResponse]
+    """Who changed what: every mutating call, newest first, paged."""
 
 @_typing.type_check_only
 class AdminServiceAsyncStub(AdminServiceStub):
@@ -126,6 +134,14 @@ class AdminServiceAsyncStub(AdminServiceStub):
     """Move the agents of an environment to another version, as a rollout."""
     ListAgentBundles: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListAgentBundlesRequest, _admin_pb2.ListAgentBundlesResponse]  # type: ignore[assignment]
     """The agent versions this controller can hand out."""
+    WatchNodes: _aio.UnaryStreamMultiCallable[_admin_pb2.WatchNodesRequest, _admin_pb2.NodeEvent]  # type: ignore[assignment]
+    """The nodes of an environment (or all the caller may see) as they are now, one event each
+    (ADDED), then SYNCED once, then one event per state change, as it happens. Resume after a
+    disconnect with the last revision received; a revision older than the controller keeps
+    is OUT_OF_RANGE (list again from 0).
+    """
+    ListAuditRecords: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListAuditRecordsRequest, _admin_pb2.ListAuditRecordsResponse]  # type: ignore[assignment]
+    """Who changed what: every mutating call, newest first, paged."""
 
 class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -344,5 +360,25 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_admin_pb2.ListAgentBundlesResponse, _abc.Awaitable[_admin_pb2.ListAgentBundlesResponse]]:
         """The agent versions this controller can hand out."""
+
+    @_abc_1.abstractmethod
+    def WatchNodes(
+        self,
+        request: _admin_pb2.WatchNodesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_admin_pb2.NodeEvent], _abc.AsyncIterator[_admin_pb2.NodeEvent]]:
+        """The nodes of an environment (or all the caller may see) as they are now, one event each
+        (ADDED), then SYNCED once, then one event per state change, as it happens. Resume after a
+        disconnect with the last revision received; a revision older than the controller keeps
+        is OUT_OF_RANGE (list again from 0).
+        """
+
+    @_abc_1.abstractmethod
+    def ListAuditRecords(
+        self,
+        request: _admin_pb2.ListAuditRecordsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.ListAuditRecordsResponse, _abc.Awaitable[_admin_pb2.ListAuditRecordsResponse]]:
+        """Who changed what: every mutating call, newest first, paged."""
 
 def add_AdminServiceServicer_to_server(servicer: AdminServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
