@@ -52,7 +52,7 @@ test-e2e: venv system-deps agent-wheels ## real systemd nodes (root: builds the 
 	TETHER_WHEEL_DIR=$(AGENT_WHEELS) $(PYTEST) tests/e2e -q -m e2e
 
 test: venv system-deps agent-wheels check-protos lint typecheck ## everything CI runs
-	TETHER_WHEEL_DIR=$(AGENT_WHEELS) $(PYTEST) tests -q --durations=25
+	TETHER_WHEEL_DIR=$(AGENT_WHEELS) $(PY) scripts/run_tests.py  # e2e beside unit+integration
 
 deb: venv ## Debian packages tether-controller and tether-agent in dist/ (packaging/deb; OFFLINE=1: no index)
 	$(PY) scripts/build_deb.py --out $(CURDIR)/dist $(if $(OFFLINE),--offline,)
