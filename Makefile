@@ -34,6 +34,22 @@ lint: venv ## ruff
 	$(VENV)/bin/ruff format --check controller nodeagent bootstrap tests bench scripts || \
 	  (echo "run: .venv/bin/ruff format" && false)
 
+# API hygiene: buf (pinned in scripts/check_api.py, from the npm registry into .cache/buf) lints the
+# protos and checks them against the released API (proto/tether-v1.binpb); docs/api.md is generated.
+.PHONY: buf api-docs api-check api-baseline
+buf: venv ## install the pinned buf into .cache/buf (npm)
+	$(PY) scripts/check_api.py --install
+
+api-docs: venv ## regenerate docs/api.md from the protos' comments
+	$(PY) scripts/gen_api_docs.py
+
+api-check: venv ## buf lint, buf breaking against the released API, and docs/api.md drift
+	$(PY) scripts/gen_api_docs.py --check
+	$(PY) scripts/check_api.py
+
+api-baseline: venv ## record the protos as the released API (on a release; REF=<git ref> for another)
+	$(PY) scripts/check_api.py --update-baseline $(if $(REF),--ref $(REF),)
+
 typecheck: venv ## mypy --strict on our packages
 	$(VENV)/bin/mypy
 
@@ -51,7 +67,7 @@ agent-wheels: venv ## fetch the agent's wheels for the test nodes (Python 3.11, 
 test-e2e: venv system-deps agent-wheels ## real systemd nodes (root: builds the testbed on first use)
 	TETHER_WHEEL_DIR=$(AGENT_WHEELS) $(PYTEST) tests/e2e -q -m e2e
 
-test: venv system-deps agent-wheels check-protos lint typecheck ## everything CI runs
+test: venv system-deps agent-wheels check-protos api-check lint typecheck ## everything CI runs
 	TETHER_WHEEL_DIR=$(AGENT_WHEELS) $(PY) scripts/run_tests.py  # e2e beside unit+integration
 
 deb: venv ## Debian packages tether-controller and tether-agent in dist/ (packaging/deb; OFFLINE=1: no index)

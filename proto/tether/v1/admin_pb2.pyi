@@ -4,7 +4,8 @@ isort:skip_file
 The admin API: what tetherctl and platform integrations use.
 
 Every call is mutual TLS with an admin certificate the controller issued.
-Read-only certificates may call the Get/List/Follow/Render methods only.
+Read-only certificates may call the Get/List/Follow/Watch/Render/Diff methods only (and
+ApplyEnvironment with dry_run); GetKubeconfig needs an admin certificate.
 """
 
 from collections import abc as _abc
@@ -31,35 +32,34 @@ class _NodeEventType:
 class _NodeEventTypeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_NodeEventType.ValueType], _builtins.type):
     DESCRIPTOR: _descriptor.EnumDescriptor
     NODE_EVENT_TYPE_UNSPECIFIED: _NodeEventType.ValueType  # 0
+    """Not set; never sent."""
     NODE_EVENT_TYPE_ADDED: _NodeEventType.ValueType  # 1
-    """in the initial list, or newly enrolled"""
+    """In the initial list, or newly enrolled."""
     NODE_EVENT_TYPE_MODIFIED: _NodeEventType.ValueType  # 2
-    """its state changed"""
+    """Its state changed."""
     NODE_EVENT_TYPE_DELETED: _NodeEventType.ValueType  # 3
-    """forgotten (deleted or reset); node holds its last record"""
+    """Forgotten (deleted or reset); node holds its last record."""
     NODE_EVENT_TYPE_SYNCED: _NodeEventType.ValueType  # 4
-    """the initial list is complete (node is empty)"""
+    """The initial list is complete (node is empty)."""
 
-class NodeEventType(_NodeEventType, metaclass=_NodeEventTypeEnumTypeWrapper): ...
+class NodeEventType(_NodeEventType, metaclass=_NodeEventTypeEnumTypeWrapper):
+    """What a NodeEvent says happened."""
 
 NODE_EVENT_TYPE_UNSPECIFIED: NodeEventType.ValueType  # 0
+"""Not set; never sent."""
 NODE_EVENT_TYPE_ADDED: NodeEventType.ValueType  # 1
-"""in the initial list, or newly enrolled"""
+"""In the initial list, or newly enrolled."""
 NODE_EVENT_TYPE_MODIFIED: NodeEventType.ValueType  # 2
-"""its state changed"""
+"""Its state changed."""
 NODE_EVENT_TYPE_DELETED: NodeEventType.ValueType  # 3
-"""forgotten (deleted or reset); node holds its last record"""
+"""Forgotten (deleted or reset); node holds its last record."""
 NODE_EVENT_TYPE_SYNCED: NodeEventType.ValueType  # 4
-"""the initial list is complete (node is empty)"""
+"""The initial list is complete (node is empty)."""
 Global___NodeEventType: _TypeAlias = NodeEventType  # noqa: Y015
 
 @_typing.final
 class Environment(_message.Message):
-    """Paging (AIP-158) on ListNodes, ListTokens, ListEnvironments and ListAuditRecords:
-    page_size 0 takes the default; above the maximum it is lowered to it; a page may hold fewer
-    items than asked (it is also bounded in bytes), and next_page_token is empty on the last one.
-    A page_token is opaque and valid only with the same request fields (else INVALID_ARGUMENT).
-    """
+    """An environment: a document (what its nodes should be) and its bookkeeping."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -73,17 +73,25 @@ class Environment(_message.Message):
     NOTES_FIELD_NUMBER: _builtins.int
     AGENT_VERSION_FIELD_NUMBER: _builtins.int
     name: _builtins.str
+    """The environment's name (metadata.name of its document)."""
     generation: _builtins.int
+    """Increases by 1 with every applied change (document or agent version); 0: never applied."""
     document: _builtins.str
-    """the applied YAML, as given"""
+    """The applied YAML, as given."""
     api_version: _builtins.str
+    """The document's apiVersion, e.g. "holodeck.nvidia.com/v1alpha1"."""
     created_ms: _builtins.int
+    """When it was first applied."""
     updated_ms: _builtins.int
+    """When it last changed."""
     node_count: _builtins.int
+    """Nodes enrolled in it (revoked ones included)."""
     agent_version: _builtins.str
-    """the agent version its nodes run ("" = whatever they run)"""
+    """The agent version its nodes run ("" = whatever they run)."""
     @_builtins.property
-    def notes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def notes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Remarks on the document ("path: message"): fields tether ignores or reads differently."""
+
     def __init__(
         self,
         *,
@@ -107,14 +115,17 @@ Global___Environment: _TypeAlias = Environment  # noqa: Y015
 
 @_typing.final
 class ApplyEnvironmentRequest(_message.Message):
+    """An environment document to apply."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     DOCUMENT_FIELD_NUMBER: _builtins.int
     DRY_RUN_FIELD_NUMBER: _builtins.int
     EXPECTED_GENERATION_FIELD_NUMBER: _builtins.int
     document: _builtins.str
-    """YAML or JSON"""
+    """The Environment document, YAML or JSON (at most the controller's document size limit)."""
     dry_run: _builtins.bool
+    """Validate only: nothing is stored; needs only a read-only certificate."""
     expected_generation: _builtins.int
     """Optimistic concurrency: apply only if the environment's current generation is this one
     (0: no check; a new environment has generation 0 until applied, so use 0 to create).
@@ -137,16 +148,23 @@ Global___ApplyEnvironmentRequest: _TypeAlias = ApplyEnvironmentRequest  # noqa: 
 
 @_typing.final
 class ApplyEnvironmentResponse(_message.Message):
+    """What an apply did."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     ENVIRONMENT_FIELD_NUMBER: _builtins.int
     CHANGED_FIELD_NUMBER: _builtins.int
     NOTES_FIELD_NUMBER: _builtins.int
     changed: _builtins.bool
+    """The document differed from the stored one (so a new generation and rollout began)."""
     @_builtins.property
-    def environment(self) -> Global___Environment: ...
+    def environment(self) -> Global___Environment:
+        """The environment as stored now (dry_run: name, api_version, current generation and notes)."""
+
     @_builtins.property
-    def notes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def notes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Remarks on the document, as in Environment.notes."""
+
     def __init__(
         self,
         *,
@@ -164,10 +182,13 @@ Global___ApplyEnvironmentResponse: _TypeAlias = ApplyEnvironmentResponse  # noqa
 
 @_typing.final
 class GetEnvironmentRequest(_message.Message):
+    """Which environment to get."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     NAME_FIELD_NUMBER: _builtins.int
     name: _builtins.str
+    """The environment's name."""
     def __init__(
         self,
         *,
@@ -183,13 +204,16 @@ Global___GetEnvironmentRequest: _TypeAlias = GetEnvironmentRequest  # noqa: Y015
 
 @_typing.final
 class ListEnvironmentsRequest(_message.Message):
+    """A page of environments."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     page_size: _builtins.int
-    """default 100, maximum 1000"""
+    """Environments a page: default 100, maximum 1000."""
     page_token: _builtins.str
+    """The previous response's next_page_token ("" for the first page)."""
     def __init__(
         self,
         *,
@@ -206,13 +230,18 @@ Global___ListEnvironmentsRequest: _TypeAlias = ListEnvironmentsRequest  # noqa: 
 
 @_typing.final
 class ListEnvironmentsResponse(_message.Message):
+    """One page of environments."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     ENVIRONMENTS_FIELD_NUMBER: _builtins.int
     NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     next_page_token: _builtins.str
+    """Pass it as page_token for the next page; "" on the last page."""
     @_builtins.property
-    def environments(self) -> _containers.RepeatedCompositeFieldContainer[Global___Environment]: ...
+    def environments(self) -> _containers.RepeatedCompositeFieldContainer[Global___Environment]:
+        """The environments of this page, ordered by name."""
+
     def __init__(
         self,
         *,
@@ -229,16 +258,19 @@ Global___ListEnvironmentsResponse: _TypeAlias = ListEnvironmentsResponse  # noqa
 
 @_typing.final
 class DeleteEnvironmentRequest(_message.Message):
+    """Which environment to delete, and what happens to its nodes."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     NAME_FIELD_NUMBER: _builtins.int
     FORCE_FIELD_NUMBER: _builtins.int
     RESET_FIELD_NUMBER: _builtins.int
     name: _builtins.str
+    """The environment's name."""
     force: _builtins.bool
-    """also when nodes are still enrolled: they are revoked"""
+    """Also when nodes are still enrolled: they are revoked."""
     reset: _builtins.bool
-    """reset (deprovision) its nodes first"""
+    """Reset (deprovision) its nodes first; the environment is deleted once the last is gone."""
     def __init__(
         self,
         *,
@@ -256,6 +288,8 @@ Global___DeleteEnvironmentRequest: _TypeAlias = DeleteEnvironmentRequest  # noqa
 
 @_typing.final
 class DeleteEnvironmentResponse(_message.Message):
+    """Empty: the environment is deleted (or, with reset, will be)."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     def __init__(
@@ -271,6 +305,8 @@ Global___DeleteEnvironmentResponse: _TypeAlias = DeleteEnvironmentResponse  # no
 
 @_typing.final
 class Token(_message.Message):
+    """A join token, as stored (never its secret)."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     ID_FIELD_NUMBER: _builtins.int
@@ -285,17 +321,27 @@ class Token(_message.Message):
     DESCRIPTION_FIELD_NUMBER: _builtins.int
     STATUS_FIELD_NUMBER: _builtins.int
     id: _builtins.str
+    """The token's public id: the part before the dot."""
     environment: _builtins.str
+    """The environment it enrolls nodes in."""
     role: _builtins.str
+    """The role of those nodes: "control-plane" | "worker"."""
     node_name: _builtins.str
+    """Only this node name may use it ("" = any)."""
     expires_ms: _builtins.int
+    """When it expires."""
     uses: _builtins.int
+    """Enrollments it has admitted so far."""
     max_uses: _builtins.int
+    """Enrollments it admits in all."""
     revoked: _builtins.bool
+    """It was revoked."""
     created_ms: _builtins.int
+    """When it was created."""
     description: _builtins.str
+    """Free text given at creation."""
     status: _builtins.str
-    """active | expired | used up | revoked"""
+    """"active" | "expired" | "used up" | "revoked"."""
     def __init__(
         self,
         *,
@@ -321,6 +367,8 @@ Global___Token: _TypeAlias = Token  # noqa: Y015
 
 @_typing.final
 class CreateTokenRequest(_message.Message):
+    """A join token to create."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     ENVIRONMENT_FIELD_NUMBER: _builtins.int
@@ -330,14 +378,17 @@ class CreateTokenRequest(_message.Message):
     NODE_NAME_FIELD_NUMBER: _builtins.int
     DESCRIPTION_FIELD_NUMBER: _builtins.int
     environment: _builtins.str
+    """The environment (it must exist)."""
     role: _builtins.str
+    """"control-plane" | "worker" ("" = worker)."""
     ttl_seconds: _builtins.int
-    """0: the default"""
+    """Lifetime in seconds; 0: the default (24 hours); at most 365 days."""
     uses: _builtins.int
-    """0: the default (1)"""
+    """Enrollments it admits; 0: the default (1)."""
     node_name: _builtins.str
-    """optional: only this node may use it"""
+    """Optional: only this node may use it."""
     description: _builtins.str
+    """Free text for operators (no secrets)."""
     def __init__(
         self,
         *,
@@ -358,6 +409,8 @@ Global___CreateTokenRequest: _TypeAlias = CreateTokenRequest  # noqa: Y015
 
 @_typing.final
 class CreateTokenResponse(_message.Message):
+    """A new join token."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     TOKEN_FIELD_NUMBER: _builtins.int
@@ -365,12 +418,15 @@ class CreateTokenResponse(_message.Message):
     CA_HASH_FIELD_NUMBER: _builtins.int
     CONTROLLER_FIELD_NUMBER: _builtins.int
     token: _builtins.str
-    """id.secret: shown once, never stored"""
+    """The token, "id.secret": shown once, never stored (only the secret's hash is)."""
     ca_hash: _builtins.str
+    """The controller CA's hash ("sha256:..."): agents pin it on their first connection."""
     controller: _builtins.str
-    """address agents should use"""
+    """The address agents should use (host:port, as advertised)."""
     @_builtins.property
-    def info(self) -> Global___Token: ...
+    def info(self) -> Global___Token:
+        """The token as stored."""
+
     def __init__(
         self,
         *,
@@ -389,15 +445,19 @@ Global___CreateTokenResponse: _TypeAlias = CreateTokenResponse  # noqa: Y015
 
 @_typing.final
 class ListTokensRequest(_message.Message):
+    """A page of join tokens."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     ENVIRONMENT_FIELD_NUMBER: _builtins.int
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     environment: _builtins.str
+    """Only this environment's tokens ("" = all the caller may see)."""
     page_size: _builtins.int
-    """default 100, maximum 1000"""
+    """Tokens a page: default 100, maximum 1000."""
     page_token: _builtins.str
+    """The previous response's next_page_token ("" for the first page)."""
     def __init__(
         self,
         *,
@@ -415,13 +475,18 @@ Global___ListTokensRequest: _TypeAlias = ListTokensRequest  # noqa: Y015
 
 @_typing.final
 class ListTokensResponse(_message.Message):
+    """One page of join tokens."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     TOKENS_FIELD_NUMBER: _builtins.int
     NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     next_page_token: _builtins.str
+    """Pass it as page_token for the next page; "" on the last page."""
     @_builtins.property
-    def tokens(self) -> _containers.RepeatedCompositeFieldContainer[Global___Token]: ...
+    def tokens(self) -> _containers.RepeatedCompositeFieldContainer[Global___Token]:
+        """The tokens of this page, oldest first."""
+
     def __init__(
         self,
         *,
@@ -438,10 +503,13 @@ Global___ListTokensResponse: _TypeAlias = ListTokensResponse  # noqa: Y015
 
 @_typing.final
 class RevokeTokenRequest(_message.Message):
+    """Which join token to revoke."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     ID_FIELD_NUMBER: _builtins.int
     id: _builtins.str
+    """The token's id (not its secret)."""
     def __init__(
         self,
         *,
@@ -457,6 +525,8 @@ Global___RevokeTokenRequest: _TypeAlias = RevokeTokenRequest  # noqa: Y015
 
 @_typing.final
 class RevokeTokenResponse(_message.Message):
+    """Empty: the token is revoked."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     def __init__(
@@ -472,6 +542,8 @@ Global___RevokeTokenResponse: _TypeAlias = RevokeTokenResponse  # noqa: Y015
 
 @_typing.final
 class StepStatus(_message.Message):
+    """A step of a node: what the controller knows of its last run there."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     @_typing.final
@@ -525,18 +597,29 @@ class StepStatus(_message.Message):
     ATTEMPT_FIELD_NUMBER: _builtins.int
     MESSAGE_FIELD_NUMBER: _builtins.int
     name: _builtins.str
+    """The step's name."""
     digest: _builtins.str
+    """The digest of the step last run (or skipped)."""
     state: _builtins.str
     """pending | running | waiting | succeeded | failed | skipped"""
     exit_code: _builtins.int
+    """The last attempt's exit code."""
     updated_ms: _builtins.int
+    """When the state last changed."""
     component: _builtins.str
+    """The component the step installs or configures."""
     attempt: _builtins.int
+    """The last attempt, from 1."""
     message: _builtins.str
+    """The last event's message, e.g. why it failed."""
     @_builtins.property
-    def requested(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
+    def requested(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """What the spec asks for (GetNode only)."""
+
     @_builtins.property
-    def observed(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
+    def observed(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """What the step found installed."""
+
     def __init__(
         self,
         *,
@@ -561,6 +644,8 @@ Global___StepStatus: _TypeAlias = StepStatus  # noqa: Y015
 
 @_typing.final
 class Node(_message.Message):
+    """An enrolled node."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     NAME_FIELD_NUMBER: _builtins.int
@@ -580,26 +665,43 @@ class Node(_message.Message):
     CERT_FINGERPRINT_FIELD_NUMBER: _builtins.int
     AGENT_ROLLED_BACK_FROM_FIELD_NUMBER: _builtins.int
     name: _builtins.str
+    """The node's name (unique in the controller)."""
     environment: _builtins.str
+    """The environment it belongs to."""
     role: _builtins.str
+    """"control-plane" | "worker"."""
     state: _builtins.str
     """provisioning | provisioned | failed | offline | revoked"""
     connected: _builtins.bool
+    """Its agent's stream is open now."""
     last_seen_ms: _builtins.int
+    """When its agent was last heard from."""
     enrolled_ms: _builtins.int
+    """When it enrolled."""
     plan_generation: _builtins.int
+    """The generation of the plan it was last given."""
     plan_digest: _builtins.str
+    """That plan's digest."""
     agent_version: _builtins.str
+    """The version its agent runs."""
     stored_seq: _builtins.int
+    """Highest contiguous event seq stored for it."""
     cert_fingerprint: _builtins.str
+    """SHA-256 fingerprint of its current certificate."""
     agent_rolled_back_from: _builtins.str
-    """the agent went back from this version by itself"""
+    """The agent went back from this version by itself ("" if it did not)."""
     @_builtins.property
-    def facts(self) -> _common_pb2.HostFacts: ...
+    def facts(self) -> _common_pb2.HostFacts:
+        """What it said about itself on its last Hello."""
+
     @_builtins.property
-    def health(self) -> _common_pb2.Health: ...
+    def health(self) -> _common_pb2.Health:
+        """Its last health report (GetNode only)."""
+
     @_builtins.property
-    def steps(self) -> _containers.RepeatedCompositeFieldContainer[Global___StepStatus]: ...
+    def steps(self) -> _containers.RepeatedCompositeFieldContainer[Global___StepStatus]:
+        """Every step of its plan (GetNode only)."""
+
     def __init__(
         self,
         *,
@@ -630,15 +732,19 @@ Global___Node: _TypeAlias = Node  # noqa: Y015
 
 @_typing.final
 class ListNodesRequest(_message.Message):
+    """A page of nodes."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     ENVIRONMENT_FIELD_NUMBER: _builtins.int
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     environment: _builtins.str
+    """Only this environment's nodes ("" = all the caller may see)."""
     page_size: _builtins.int
-    """default 100, maximum 1000 (and at most 2 MiB of nodes a page)"""
+    """Nodes a page: default 100, maximum 1000 (and at most 2 MiB of nodes a page)."""
     page_token: _builtins.str
+    """The previous response's next_page_token ("" for the first page)."""
     def __init__(
         self,
         *,
@@ -656,14 +762,17 @@ Global___ListNodesRequest: _TypeAlias = ListNodesRequest  # noqa: Y015
 
 @_typing.final
 class ListNodesResponse(_message.Message):
+    """One page of nodes."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     NODES_FIELD_NUMBER: _builtins.int
     NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     next_page_token: _builtins.str
+    """Pass it as page_token for the next page; "" on the last page."""
     @_builtins.property
     def nodes(self) -> _containers.RepeatedCompositeFieldContainer[Global___Node]:
-        """ordered by name"""
+        """The nodes of this page, ordered by name."""
 
     def __init__(
         self,
@@ -681,10 +790,13 @@ Global___ListNodesResponse: _TypeAlias = ListNodesResponse  # noqa: Y015
 
 @_typing.final
 class GetNodeRequest(_message.Message):
+    """Which node to get."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     NAME_FIELD_NUMBER: _builtins.int
     name: _builtins.str
+    """The node's name."""
     def __init__(
         self,
         *,
@@ -700,10 +812,13 @@ Global___GetNodeRequest: _TypeAlias = GetNodeRequest  # noqa: Y015
 
 @_typing.final
 class RevokeNodeRequest(_message.Message):
+    """Which node to revoke."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     NAME_FIELD_NUMBER: _builtins.int
     name: _builtins.str
+    """The node's name."""
     def __init__(
         self,
         *,
@@ -719,6 +834,8 @@ Global___RevokeNodeRequest: _TypeAlias = RevokeNodeRequest  # noqa: Y015
 
 @_typing.final
 class RevokeNodeResponse(_message.Message):
+    """Empty: the node is revoked."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     def __init__(
@@ -734,13 +851,16 @@ Global___RevokeNodeResponse: _TypeAlias = RevokeNodeResponse  # noqa: Y015
 
 @_typing.final
 class DeleteNodeRequest(_message.Message):
+    """Which node to forget."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     NAME_FIELD_NUMBER: _builtins.int
     FORCE_FIELD_NUMBER: _builtins.int
     name: _builtins.str
+    """The node's name."""
     force: _builtins.bool
-    """a connected node: revoke it first"""
+    """A connected node: revoke it first (else FAILED_PRECONDITION)."""
     def __init__(
         self,
         *,
@@ -757,6 +877,8 @@ Global___DeleteNodeRequest: _TypeAlias = DeleteNodeRequest  # noqa: Y015
 
 @_typing.final
 class DeleteNodeResponse(_message.Message):
+    """Empty: the node is forgotten."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     def __init__(
@@ -772,10 +894,13 @@ Global___DeleteNodeResponse: _TypeAlias = DeleteNodeResponse  # noqa: Y015
 
 @_typing.final
 class ResetNodeRequest(_message.Message):
+    """Which node to reset."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     NAME_FIELD_NUMBER: _builtins.int
     name: _builtins.str
+    """The node's name (a revoked node is FAILED_PRECONDITION: its agent runs nothing)."""
     def __init__(
         self,
         *,
@@ -791,6 +916,8 @@ Global___ResetNodeRequest: _TypeAlias = ResetNodeRequest  # noqa: Y015
 
 @_typing.final
 class ResetNodeResponse(_message.Message):
+    """Empty: the reset started; the node is forgotten once its agent reports it done."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     def __init__(
@@ -806,6 +933,8 @@ Global___ResetNodeResponse: _TypeAlias = ResetNodeResponse  # noqa: Y015
 
 @_typing.final
 class GetVersionRequest(_message.Message):
+    """Asks for the controller's version; it has no fields."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     def __init__(
@@ -821,13 +950,16 @@ Global___GetVersionRequest: _TypeAlias = GetVersionRequest  # noqa: Y015
 
 @_typing.final
 class VersionInfo(_message.Message):
+    """The controller's version."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     VERSION_FIELD_NUMBER: _builtins.int
     API_VERSION_FIELD_NUMBER: _builtins.int
     version: _builtins.str
+    """The controller's release, e.g. "0.9.0"."""
     api_version: _builtins.str
-    """tether.v1"""
+    """The API's package: "tether.v1"."""
     def __init__(
         self,
         *,
@@ -844,13 +976,18 @@ Global___VersionInfo: _TypeAlias = VersionInfo  # noqa: Y015
 
 @_typing.final
 class RerunStepsRequest(_message.Message):
+    """Steps of a node to run again."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     NODE_FIELD_NUMBER: _builtins.int
     STEPS_FIELD_NUMBER: _builtins.int
     node: _builtins.str
+    """The node's name."""
     @_builtins.property
-    def steps(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def steps(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Step names (empty: every step); an unknown name is INVALID_ARGUMENT."""
+
     def __init__(
         self,
         *,
@@ -867,6 +1004,8 @@ Global___RerunStepsRequest: _TypeAlias = RerunStepsRequest  # noqa: Y015
 
 @_typing.final
 class RerunStepsResponse(_message.Message):
+    """Empty: the agent was told to run them again."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     def __init__(
@@ -882,6 +1021,8 @@ Global___RerunStepsResponse: _TypeAlias = RerunStepsResponse  # noqa: Y015
 
 @_typing.final
 class ListEventsRequest(_message.Message):
+    """Which events: ListEvents (one node) and FollowEvents (a node or an environment)."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     NODE_FIELD_NUMBER: _builtins.int
@@ -889,10 +1030,13 @@ class ListEventsRequest(_message.Message):
     LIMIT_FIELD_NUMBER: _builtins.int
     ENVIRONMENT_FIELD_NUMBER: _builtins.int
     node: _builtins.str
+    """The node's name (ListEvents: required; FollowEvents: this or environment)."""
     after_seq: _builtins.int
+    """Only events with a greater seq (0: from the first)."""
     limit: _builtins.int
+    """ListEvents: at most this many (0 or above 10000: 10000)."""
     environment: _builtins.str
-    """FollowEvents: every node of this environment"""
+    """FollowEvents: every node of this environment (when node is "")."""
     def __init__(
         self,
         *,
@@ -911,11 +1055,15 @@ Global___ListEventsRequest: _TypeAlias = ListEventsRequest  # noqa: Y015
 
 @_typing.final
 class ListEventsResponse(_message.Message):
+    """A node's events."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     EVENTS_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def events(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Event]: ...
+    def events(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Event]:
+        """The events, in seq order (fewer than limit: there are no more now)."""
+
     def __init__(
         self,
         *,
@@ -931,6 +1079,8 @@ Global___ListEventsResponse: _TypeAlias = ListEventsResponse  # noqa: Y015
 
 @_typing.final
 class RenderPlanRequest(_message.Message):
+    """The node to render a plan for: an enrolled one, or a hypothetical one."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     ENVIRONMENT_FIELD_NUMBER: _builtins.int
@@ -939,13 +1089,17 @@ class RenderPlanRequest(_message.Message):
     FACTS_FIELD_NUMBER: _builtins.int
     CLUSTER_POSITION_FIELD_NUMBER: _builtins.int
     environment: _builtins.str
+    """The environment (for a hypothetical node)."""
     node: _builtins.str
-    """an enrolled node; or:"""
+    """An enrolled node: its own plan (environment, role and facts are then ignored)."""
     role: _builtins.str
+    """A hypothetical node's role: "control-plane" | "worker" ("" = worker)."""
     cluster_position: _builtins.str
-    """init | control-plane | worker: include that node's cluster steps"""
+    """init | control-plane | worker: include that node's cluster steps (hypothetical nodes only)."""
     @_builtins.property
-    def facts(self) -> _common_pb2.HostFacts: ...
+    def facts(self) -> _common_pb2.HostFacts:
+        """A hypothetical node's facts (os, arch, GPUs ...)."""
+
     def __init__(
         self,
         *,
@@ -965,10 +1119,13 @@ Global___RenderPlanRequest: _TypeAlias = RenderPlanRequest  # noqa: Y015
 
 @_typing.final
 class GetClusterHealthRequest(_message.Message):
+    """Which environment's cluster."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     ENVIRONMENT_FIELD_NUMBER: _builtins.int
     environment: _builtins.str
+    """The environment's name."""
     def __init__(
         self,
         *,
@@ -984,6 +1141,8 @@ Global___GetClusterHealthRequest: _TypeAlias = GetClusterHealthRequest  # noqa: 
 
 @_typing.final
 class Condition(_message.Message):
+    """A cluster condition, Kubernetes-style."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     TYPE_FIELD_NUMBER: _builtins.int
@@ -994,9 +1153,13 @@ class Condition(_message.Message):
     type: _builtins.str
     """Progressing | Degraded | Available"""
     status: _builtins.bool
+    """The condition holds."""
     reason: _builtins.str
+    """CamelCase reason, e.g. AllNodesReady, NotReady, Joining, Settled, Problems, Healthy."""
     message: _builtins.str
+    """Human-readable detail."""
     time_ms: _builtins.int
+    """When it was assessed."""
     def __init__(
         self,
         *,
@@ -1016,6 +1179,8 @@ Global___Condition: _TypeAlias = Condition  # noqa: Y015
 
 @_typing.final
 class ClusterNodeHealth(_message.Message):
+    """A node of an environment's cluster."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     NAME_FIELD_NUMBER: _builtins.int
@@ -1028,18 +1193,23 @@ class ClusterNodeHealth(_message.Message):
     RUNTIME_FIELD_NUMBER: _builtins.int
     JOINED_FIELD_NUMBER: _builtins.int
     name: _builtins.str
+    """The node's name."""
     role: _builtins.str
+    """"control-plane" | "worker"."""
     ready: _builtins.bool
+    """Kubernetes reports it Ready."""
     version: _builtins.str
+    """The kubelet's version, as Kubernetes reports it."""
     internal_ip: _builtins.str
+    """Its InternalIP, as Kubernetes reports it."""
     agent_state: _builtins.str
-    """the tether node state (provisioning, provisioned, failed, offline)"""
+    """The tether node state (provisioning, provisioned, failed, offline)."""
     kubelet: _builtins.str
-    """the kubelet unit's state as the node's agent reports it"""
+    """The kubelet unit's state as the node's agent reports it."""
     runtime: _builtins.str
-    """the container runtime unit's state"""
+    """The container runtime unit's state."""
     joined: _builtins.bool
-    """its kubeadm init/join step succeeded"""
+    """Its kubeadm init/join step succeeded."""
     def __init__(
         self,
         *,
@@ -1063,6 +1233,8 @@ Global___ClusterNodeHealth: _TypeAlias = ClusterNodeHealth  # noqa: Y015
 
 @_typing.final
 class ClusterHealth(_message.Message):
+    """An environment's Kubernetes cluster as its agents report it."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     ENVIRONMENT_FIELD_NUMBER: _builtins.int
@@ -1075,16 +1247,27 @@ class ClusterHealth(_message.Message):
     DESIRED_CONTROL_PLANES_FIELD_NUMBER: _builtins.int
     DESIRED_WORKERS_FIELD_NUMBER: _builtins.int
     environment: _builtins.str
+    """The environment's name."""
     available: _builtins.bool
+    """The API server runs, every node is Ready and enough of each role are."""
     api_server: _builtins.str
+    """"running" | "unreachable" | "unknown" (no control plane reported yet)."""
     endpoint: _builtins.str
+    """The API server's address (host:port), once known."""
     init_node: _builtins.str
+    """The node that ran kubeadm init."""
     desired_control_planes: _builtins.int
+    """Control planes the document asks for."""
     desired_workers: _builtins.int
+    """Workers the document asks for."""
     @_builtins.property
-    def conditions(self) -> _containers.RepeatedCompositeFieldContainer[Global___Condition]: ...
+    def conditions(self) -> _containers.RepeatedCompositeFieldContainer[Global___Condition]:
+        """Available, Progressing and Degraded."""
+
     @_builtins.property
-    def nodes(self) -> _containers.RepeatedCompositeFieldContainer[Global___ClusterNodeHealth]: ...
+    def nodes(self) -> _containers.RepeatedCompositeFieldContainer[Global___ClusterNodeHealth]:
+        """Every node of the environment, control planes first."""
+
     def __init__(
         self,
         *,
@@ -1108,13 +1291,16 @@ Global___ClusterHealth: _TypeAlias = ClusterHealth  # noqa: Y015
 
 @_typing.final
 class GetKubeconfigRequest(_message.Message):
+    """Which cluster's kubeconfig."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     ENVIRONMENT_FIELD_NUMBER: _builtins.int
     SERVER_FIELD_NUMBER: _builtins.int
     environment: _builtins.str
+    """The environment's name."""
     server: _builtins.str
-    """rewrite the server address (default: the endpoint)"""
+    """Rewrite the server address (host:port; default: the endpoint)."""
     def __init__(
         self,
         *,
@@ -1131,10 +1317,13 @@ Global___GetKubeconfigRequest: _TypeAlias = GetKubeconfigRequest  # noqa: Y015
 
 @_typing.final
 class GetKubeconfigResponse(_message.Message):
+    """A cluster's admin kubeconfig."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     KUBECONFIG_FIELD_NUMBER: _builtins.int
     kubeconfig: _builtins.str
+    """The kubeconfig YAML: a cluster-admin credential, treat it as a secret."""
     def __init__(
         self,
         *,
@@ -1150,10 +1339,13 @@ Global___GetKubeconfigResponse: _TypeAlias = GetKubeconfigResponse  # noqa: Y015
 
 @_typing.final
 class ExpireJoinMaterialRequest(_message.Message):
+    """Which cluster's join material to expire."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     ENVIRONMENT_FIELD_NUMBER: _builtins.int
     environment: _builtins.str
+    """The environment's name."""
     def __init__(
         self,
         *,
@@ -1169,6 +1361,8 @@ Global___ExpireJoinMaterialRequest: _TypeAlias = ExpireJoinMaterialRequest  # no
 
 @_typing.final
 class ExpireJoinMaterialResponse(_message.Message):
+    """Empty: the stored join material is forgotten."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     def __init__(
@@ -1184,7 +1378,9 @@ Global___ExpireJoinMaterialResponse: _TypeAlias = ExpireJoinMaterialResponse  # 
 
 @_typing.final
 class SshTarget(_message.Message):
-    """Bootstrap: the credentials below are used for the one call that carries them and are never
+    """How to reach a machine over SSH.
+
+    Bootstrap: the credentials below are used for the one call that carries them and are never
     stored or logged by the controller; events never contain them or the join token.
     """
 
@@ -1201,23 +1397,25 @@ class SshTarget(_message.Message):
     ACCEPT_NEW_HOST_KEY_FIELD_NUMBER: _builtins.int
     JUMP_HOST_FIELD_NUMBER: _builtins.int
     host: _builtins.str
+    """Host name or address."""
     port: _builtins.int
-    """0: 22"""
+    """0: 22."""
     user: _builtins.str
-    """empty: root; another user needs passwordless sudo"""
+    """Empty: root; another user needs passwordless sudo."""
     private_key: _builtins.bytes
-    """OpenSSH or PEM private key"""
+    """OpenSSH or PEM private key."""
     passphrase: _builtins.str
-    """for an encrypted private_key"""
+    """For an encrypted private_key."""
     password: _builtins.str
+    """Password authentication (instead of, or besides, a key)."""
     known_hosts: _builtins.str
-    """known_hosts file content (else the controller's own known_hosts)"""
+    """known_hosts file content (else the controller's own known_hosts)."""
     host_key: _builtins.str
-    """one pinned public key line: "ssh-ed25519 AAAA..." """
+    """One pinned public key line: "ssh-ed25519 AAAA..."."""
     accept_new_host_key: _builtins.bool
-    """trust on first use; the learned key is kept by the controller"""
+    """Trust on first use; the learned key is kept by the controller."""
     jump_host: _builtins.str
-    """user@host:port, same credentials, verified like the target"""
+    """user@host:port, same credentials, verified like the target."""
     def __init__(
         self,
         *,
@@ -1242,6 +1440,8 @@ Global___SshTarget: _TypeAlias = SshTarget  # noqa: Y015
 
 @_typing.final
 class SsmTarget(_message.Message):
+    """How to reach an EC2 instance over AWS Systems Manager (the controller's AWS credentials)."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     INSTANCE_ID_FIELD_NUMBER: _builtins.int
@@ -1250,16 +1450,18 @@ class SsmTarget(_message.Message):
     BUNDLE_S3_URI_FIELD_NUMBER: _builtins.int
     S3_ENDPOINT_URL_FIELD_NUMBER: _builtins.int
     instance_id: _builtins.str
+    """The EC2 instance id, e.g. "i-0123456789abcdef0"."""
     region: _builtins.str
+    """The AWS region, e.g. "us-east-1"."""
     endpoint_url: _builtins.str
-    """tests and VPC endpoints"""
+    """The SSM endpoint URL (tests and VPC endpoints; "" = AWS's)."""
     bundle_s3_uri: _builtins.str
     """The node downloads the agent bundle: from this S3 location through a presigned URL, or,
-    when empty, from a bundle server the controller runs for the call (see bootstrap.delivery).
-    s3://BUCKET/PREFIX
+    when empty, from a bundle server the controller runs for the call (see
+    tether.bootstrap.delivery). Format: s3://BUCKET/PREFIX.
     """
     s3_endpoint_url: _builtins.str
-    """tests and VPC endpoints"""
+    """The S3 endpoint URL (tests and VPC endpoints; "" = AWS's)."""
     def __init__(
         self,
         *,
@@ -1279,6 +1481,8 @@ Global___SsmTarget: _TypeAlias = SsmTarget  # noqa: Y015
 
 @_typing.final
 class BootstrapRequest(_message.Message):
+    """A machine to adopt, and the node it becomes."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     SSH_FIELD_NUMBER: _builtins.int
@@ -1290,19 +1494,25 @@ class BootstrapRequest(_message.Message):
     CONTROLLER_FIELD_NUMBER: _builtins.int
     VERIFY_TIMEOUT_SECONDS_FIELD_NUMBER: _builtins.int
     environment: _builtins.str
+    """The environment it joins."""
     role: _builtins.str
+    """"control-plane" | "worker"."""
     node_name: _builtins.str
-    """empty: the machine's hostname"""
+    """Empty: the machine's hostname."""
     force: _builtins.bool
-    """reinstall bundle, unit and config; the node's identity is kept"""
+    """Reinstall bundle, unit and config; the node's identity is kept."""
     controller: _builtins.str
-    """address the node should use to reach the controller (default: advertised)"""
+    """Address the node should use to reach the controller (default: advertised)."""
     verify_timeout_seconds: _builtins.int
-    """0: 180"""
+    """How long to wait for the agent to enroll, in seconds; 0: 180."""
     @_builtins.property
-    def ssh(self) -> Global___SshTarget: ...
+    def ssh(self) -> Global___SshTarget:
+        """Over SSH."""
+
     @_builtins.property
-    def ssm(self) -> Global___SsmTarget: ...
+    def ssm(self) -> Global___SsmTarget:
+        """Over AWS SSM."""
+
     def __init__(
         self,
         *,
@@ -1327,6 +1537,8 @@ Global___BootstrapRequest: _TypeAlias = BootstrapRequest  # noqa: Y015
 
 @_typing.final
 class BootstrapEvent(_message.Message):
+    """Progress of a bootstrap."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     STEP_FIELD_NUMBER: _builtins.int
@@ -1343,18 +1555,20 @@ class BootstrapEvent(_message.Message):
     kind: _builtins.str
     """started | output | info | succeeded | failed | skipped"""
     message: _builtins.str
+    """Human-readable detail (never a credential or token)."""
     time_ms: _builtins.int
+    """When it happened."""
     node: _builtins.str
-    """the node name once known, else the target"""
+    """The node name once known, else the target."""
     target: _builtins.str
-    """how the machine is reached: user@host:port or ssm:INSTANCE"""
+    """How the machine is reached: user@host:port or ssm:INSTANCE."""
     outcome: _builtins.str
-    """on done: installed | already-installed | reinstalled | refused | failed"""
+    """On done: installed | already-installed | reinstalled | refused | failed"""
     retryable: _builtins.bool
-    """on failed: trying again may help"""
+    """On failed: trying again may help."""
     @_builtins.property
     def detected(self) -> _common_pb2.HostFacts:
-        """on detect: what the machine is, before anything changes"""
+        """On detect: what the machine is, before anything changes."""
 
     def __init__(
         self,
@@ -1379,11 +1593,13 @@ Global___BootstrapEvent: _TypeAlias = BootstrapEvent  # noqa: Y015
 
 @_typing.final
 class DiffEnvironmentRequest(_message.Message):
+    """A document to compare with what the nodes run."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     DOCUMENT_FIELD_NUMBER: _builtins.int
     document: _builtins.str
-    """YAML or JSON, as for ApplyEnvironment"""
+    """YAML or JSON, as for ApplyEnvironment."""
     def __init__(
         self,
         *,
@@ -1399,11 +1615,14 @@ Global___DiffEnvironmentRequest: _TypeAlias = DiffEnvironmentRequest  # noqa: Y0
 
 @_typing.final
 class StepChange(_message.Message):
+    """A step that applying the document would change on a node."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     NAME_FIELD_NUMBER: _builtins.int
     CHANGE_FIELD_NUMBER: _builtins.int
     name: _builtins.str
+    """The step's name."""
     change: _builtins.str
     """added | changed | removed"""
     def __init__(
@@ -1422,13 +1641,18 @@ Global___StepChange: _TypeAlias = StepChange  # noqa: Y015
 
 @_typing.final
 class NodeDiff(_message.Message):
+    """What would change on one node."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     NAME_FIELD_NUMBER: _builtins.int
     STEPS_FIELD_NUMBER: _builtins.int
     name: _builtins.str
+    """The node's name."""
     @_builtins.property
-    def steps(self) -> _containers.RepeatedCompositeFieldContainer[Global___StepChange]: ...
+    def steps(self) -> _containers.RepeatedCompositeFieldContainer[Global___StepChange]:
+        """The steps that would change (empty: nothing changes there)."""
+
     def __init__(
         self,
         *,
@@ -1445,6 +1669,8 @@ Global___NodeDiff: _TypeAlias = NodeDiff  # noqa: Y015
 
 @_typing.final
 class DiffEnvironmentResponse(_message.Message):
+    """What applying a document would change."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     ENVIRONMENT_FIELD_NUMBER: _builtins.int
@@ -1453,16 +1679,19 @@ class DiffEnvironmentResponse(_message.Message):
     GENERATION_FIELD_NUMBER: _builtins.int
     NOTES_FIELD_NUMBER: _builtins.int
     environment: _builtins.str
+    """The document's environment."""
     changed: _builtins.bool
-    """some node would change, or the document is new or different"""
+    """Some node would change, or the document is new or different."""
     generation: _builtins.int
-    """the current generation (0: not applied yet)"""
+    """The current generation (0: not applied yet)."""
     @_builtins.property
     def nodes(self) -> _containers.RepeatedCompositeFieldContainer[Global___NodeDiff]:
-        """every enrolled node; steps empty when nothing changes there"""
+        """Every enrolled node; steps empty when nothing changes there."""
 
     @_builtins.property
-    def notes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def notes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Remarks on the document, as in Environment.notes."""
+
     def __init__(
         self,
         *,
@@ -1482,6 +1711,8 @@ Global___DiffEnvironmentResponse: _TypeAlias = DiffEnvironmentResponse  # noqa: 
 
 @_typing.final
 class RolloutPolicy(_message.Message):
+    """How a rollout moves (the document's rollout section)."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     MAX_PARALLEL_FIELD_NUMBER: _builtins.int
@@ -1490,12 +1721,15 @@ class RolloutPolicy(_message.Message):
     MIN_HEALTHY_SECONDS_FIELD_NUMBER: _builtins.int
     DRAIN_FIELD_NUMBER: _builtins.int
     max_parallel: _builtins.str
-    """a count or "N%"; "" = all at once"""
+    """Workers moving at once: a count or "N%"; "" = all at once."""
     max_failures: _builtins.str
-    """a count or "N%"; "" = 0"""
+    """Failed nodes tolerated before the rollout halts: a count or "N%"; "" = 0."""
     canary: _builtins.int
+    """Move this many nodes first, then pause until resumed (0: no canary)."""
     min_healthy_seconds: _builtins.int
+    """A node counts as updated once it stayed healthy this long, in seconds."""
     drain: _builtins.bool
+    """Drain a node (kubectl drain) around its disruptive steps."""
     def __init__(
         self,
         *,
@@ -1515,6 +1749,8 @@ Global___RolloutPolicy: _TypeAlias = RolloutPolicy  # noqa: Y015
 
 @_typing.final
 class RolloutNode(_message.Message):
+    """A node's progress in a rollout."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     NAME_FIELD_NUMBER: _builtins.int
@@ -1524,13 +1760,17 @@ class RolloutNode(_message.Message):
     UPDATED_MS_FIELD_NUMBER: _builtins.int
     CONTROL_PLANE_FIELD_NUMBER: _builtins.int
     name: _builtins.str
+    """The node's name."""
     state: _builtins.str
     """pending | running | updated | failed"""
     step: _builtins.str
-    """failed: the step that failed"""
+    """Failed: the step that failed."""
     message: _builtins.str
+    """Failed: why."""
     updated_ms: _builtins.int
+    """When its state last changed."""
     control_plane: _builtins.bool
+    """It is a control plane (they move first, one at a time)."""
     def __init__(
         self,
         *,
@@ -1551,6 +1791,8 @@ Global___RolloutNode: _TypeAlias = RolloutNode  # noqa: Y015
 
 @_typing.final
 class Rollout(_message.Message):
+    """A rollout: how a generation of an environment moves through its nodes."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     ENVIRONMENT_FIELD_NUMBER: _builtins.int
@@ -1568,25 +1810,37 @@ class Rollout(_message.Message):
     UPDATED_MS_FIELD_NUMBER: _builtins.int
     AGENT_VERSION_FIELD_NUMBER: _builtins.int
     environment: _builtins.str
+    """The environment's name."""
     state: _builtins.str
     """progressing | paused | halted | complete"""
     generation: _builtins.int
-    """the generation being rolled out"""
+    """The generation being rolled out."""
     from_generation: _builtins.int
+    """The generation the nodes come from."""
     updated: _builtins.int
+    """Nodes updated."""
     running: _builtins.int
+    """Nodes moving now."""
     pending: _builtins.int
+    """Nodes not admitted yet."""
     failed: _builtins.int
+    """Nodes failed."""
     reason: _builtins.str
-    """why it is paused or halted"""
+    """Why it is paused or halted."""
     started_ms: _builtins.int
+    """When it started."""
     updated_ms: _builtins.int
+    """When it last changed."""
     agent_version: _builtins.str
-    """an agent upgrade: the version being rolled out"""
+    """An agent upgrade: the version being rolled out."""
     @_builtins.property
-    def policy(self) -> Global___RolloutPolicy: ...
+    def policy(self) -> Global___RolloutPolicy:
+        """How it moves."""
+
     @_builtins.property
-    def nodes(self) -> _containers.RepeatedCompositeFieldContainer[Global___RolloutNode]: ...
+    def nodes(self) -> _containers.RepeatedCompositeFieldContainer[Global___RolloutNode]:
+        """Every node of the rollout."""
+
     def __init__(
         self,
         *,
@@ -1615,10 +1869,13 @@ Global___Rollout: _TypeAlias = Rollout  # noqa: Y015
 
 @_typing.final
 class GetRolloutRequest(_message.Message):
+    """Which environment's rollout."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     ENVIRONMENT_FIELD_NUMBER: _builtins.int
     environment: _builtins.str
+    """The environment's name."""
     def __init__(
         self,
         *,
@@ -1634,10 +1891,13 @@ Global___GetRolloutRequest: _TypeAlias = GetRolloutRequest  # noqa: Y015
 
 @_typing.final
 class RolloutRequest(_message.Message):
+    """Which environment's rollout to pause, resume, abort or undo."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     ENVIRONMENT_FIELD_NUMBER: _builtins.int
     environment: _builtins.str
+    """The environment's name."""
     def __init__(
         self,
         *,
@@ -1653,13 +1913,18 @@ Global___RolloutRequest: _TypeAlias = RolloutRequest  # noqa: Y015
 
 @_typing.final
 class UpgradeAgentsRequest(_message.Message):
+    """The agent version to move an environment's nodes to."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     ENVIRONMENT_FIELD_NUMBER: _builtins.int
     VERSION_FIELD_NUMBER: _builtins.int
     environment: _builtins.str
+    """The environment's name."""
     version: _builtins.str
-    """"" = the controller's own version"""
+    """"" = the controller's own version (FAILED_PRECONDITION if the controller holds no bundle
+    of it).
+    """
     def __init__(
         self,
         *,
@@ -1676,14 +1941,19 @@ Global___UpgradeAgentsRequest: _TypeAlias = UpgradeAgentsRequest  # noqa: Y015
 
 @_typing.final
 class AgentBundle(_message.Message):
+    """An agent bundle the controller holds."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     VERSION_FIELD_NUMBER: _builtins.int
     SHA256_FIELD_NUMBER: _builtins.int
     SIZE_FIELD_NUMBER: _builtins.int
     version: _builtins.str
+    """The agent version."""
     sha256: _builtins.str
+    """SHA-256 hex of the bundle."""
     size: _builtins.int
+    """Its size in bytes."""
     def __init__(
         self,
         *,
@@ -1701,6 +1971,8 @@ Global___AgentBundle: _TypeAlias = AgentBundle  # noqa: Y015
 
 @_typing.final
 class ListAgentBundlesRequest(_message.Message):
+    """Asks for the agent bundles; it has no fields."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     def __init__(
@@ -1716,11 +1988,15 @@ Global___ListAgentBundlesRequest: _TypeAlias = ListAgentBundlesRequest  # noqa: 
 
 @_typing.final
 class ListAgentBundlesResponse(_message.Message):
+    """The agent bundles the controller holds."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     BUNDLES_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def bundles(self) -> _containers.RepeatedCompositeFieldContainer[Global___AgentBundle]: ...
+    def bundles(self) -> _containers.RepeatedCompositeFieldContainer[Global___AgentBundle]:
+        """Every bundle."""
+
     def __init__(
         self,
         *,
@@ -1736,12 +2012,14 @@ Global___ListAgentBundlesResponse: _TypeAlias = ListAgentBundlesResponse  # noqa
 
 @_typing.final
 class WatchNodesRequest(_message.Message):
+    """Which nodes to watch, and from where."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     ENVIRONMENT_FIELD_NUMBER: _builtins.int
     REVISION_FIELD_NUMBER: _builtins.int
     environment: _builtins.str
-    """"" = every environment the caller may see"""
+    """"" = every environment the caller may see."""
     revision: _builtins.int
     """0: the current list first (ADDED each, then SYNCED); else only the changes after this
     revision (a NodeEvent's revision), as if the stream had never broken.
@@ -1762,6 +2040,8 @@ Global___WatchNodesRequest: _TypeAlias = WatchNodesRequest  # noqa: Y015
 
 @_typing.final
 class NodeEvent(_message.Message):
+    """A node as it is now, and what changed."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     TYPE_FIELD_NUMBER: _builtins.int
@@ -1769,15 +2049,16 @@ class NodeEvent(_message.Message):
     REVISION_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
     type: Global___NodeEventType.ValueType
+    """What happened."""
     revision: _builtins.int
-    """resume from here"""
+    """Resume from here (WatchNodesRequest.revision)."""
     reason: _builtins.str
     """The state change: enrolled | provisioning | provisioned | failed | offline | quarantined |
     revoked | deleted ("" in the initial list).
     """
     @_builtins.property
     def node(self) -> Global___Node:
-        """the node as it is now"""
+        """The node as it is now."""
 
     def __init__(
         self,
@@ -1797,6 +2078,8 @@ Global___NodeEvent: _TypeAlias = NodeEvent  # noqa: Y015
 
 @_typing.final
 class AuditRecord(_message.Message):
+    """One mutating call: who, what, when, and how it ended. Never holds a secret."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     ID_FIELD_NUMBER: _builtins.int
@@ -1811,22 +2094,27 @@ class AuditRecord(_message.Message):
     OUTCOME_FIELD_NUMBER: _builtins.int
     DETAIL_FIELD_NUMBER: _builtins.int
     id: _builtins.int
+    """Increasing with time; unique in the controller."""
     time_ms: _builtins.int
+    """When the call was made."""
     admin: _builtins.str
-    """the admin certificate's name"""
+    """The admin certificate's name."""
     fingerprint: _builtins.str
-    """its SHA-256 fingerprint"""
+    """Its SHA-256 fingerprint."""
     method: _builtins.str
-    """e.g. ApplyEnvironment"""
+    """The RPC, e.g. ApplyEnvironment."""
     environment: _builtins.str
+    """The environment it touched ("" if none)."""
     node: _builtins.str
+    """The node it touched ("" if none)."""
     generation_before: _builtins.int
-    """environment changes"""
+    """Environment changes: the generation before the call."""
     generation_after: _builtins.int
+    """Environment changes: the generation after it."""
     outcome: _builtins.str
-    """ok, or the status code name (e.g. PERMISSION_DENIED)"""
+    """"ok", or the status code name (e.g. PERMISSION_DENIED)."""
     detail: _builtins.str
-    """what was done, or the error's message (never a secret)"""
+    """What was done, or the error's message (never a secret)."""
     def __init__(
         self,
         *,
@@ -1852,16 +2140,19 @@ Global___AuditRecord: _TypeAlias = AuditRecord  # noqa: Y015
 
 @_typing.final
 class ListAuditRecordsRequest(_message.Message):
+    """A page of audit records."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     ENVIRONMENT_FIELD_NUMBER: _builtins.int
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     environment: _builtins.str
-    """"" = all the caller may see"""
+    """"" = all the caller may see."""
     page_size: _builtins.int
-    """default 100, maximum 1000"""
+    """Records a page: default 100, maximum 1000."""
     page_token: _builtins.str
+    """The previous response's next_page_token ("" for the first page)."""
     def __init__(
         self,
         *,
@@ -1879,14 +2170,17 @@ Global___ListAuditRecordsRequest: _TypeAlias = ListAuditRecordsRequest  # noqa: 
 
 @_typing.final
 class ListAuditRecordsResponse(_message.Message):
+    """One page of audit records."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     RECORDS_FIELD_NUMBER: _builtins.int
     NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     next_page_token: _builtins.str
+    """Pass it as page_token for the next page; "" on the last page."""
     @_builtins.property
     def records(self) -> _containers.RepeatedCompositeFieldContainer[Global___AuditRecord]:
-        """newest first"""
+        """Newest first."""
 
     def __init__(
         self,

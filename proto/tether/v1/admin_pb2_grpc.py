@@ -27,7 +27,18 @@ if _version_not_supported:
 
 
 class AdminServiceStub:
-    """Missing associated documentation comment in .proto file."""
+    """The admin service of a controller.
+
+    Paging (AIP-158) on ListNodes, ListTokens, ListEnvironments and ListAuditRecords:
+    page_size 0 takes the default; above the maximum it is lowered to it; a page may hold fewer
+    items than asked (it is also bounded to 2 MiB), and next_page_token is empty on the last one.
+    A page_token is opaque and valid only with the same request fields (else INVALID_ARGUMENT).
+
+    Times are milliseconds since the Unix epoch (the fields named `..._ms`); names of
+    environments and nodes are case-sensitive. An admin certificate limited to some environments
+    sees and changes only those: anything else is PERMISSION_DENIED (or left out of lists and
+    watches).
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -193,7 +204,18 @@ class AdminServiceStub:
 
 
 class AdminServiceServicer:
-    """Missing associated documentation comment in .proto file."""
+    """The admin service of a controller.
+
+    Paging (AIP-158) on ListNodes, ListTokens, ListEnvironments and ListAuditRecords:
+    page_size 0 takes the default; above the maximum it is lowered to it; a page may hold fewer
+    items than asked (it is also bounded to 2 MiB), and next_page_token is empty on the last one.
+    A page_token is opaque and valid only with the same request fields (else INVALID_ARGUMENT).
+
+    Times are milliseconds since the Unix epoch (the fields named `..._ms`); names of
+    environments and nodes are case-sensitive. An admin certificate limited to some environments
+    sees and changes only those: anything else is PERMISSION_DENIED (or left out of lists and
+    watches).
+    """
 
     def GetVersion(self, request, context):
         """The controller's version and API version.
@@ -203,61 +225,75 @@ class AdminServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ApplyEnvironment(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Create or update an environment from its document (holodeck's Environment YAML). A changed
+        document gets a new generation and starts a rollout. An invalid document is
+        INVALID_ARGUMENT with every problem; a stale expected_generation is ABORTED.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def GetEnvironment(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """One environment, with its applied document (NOT_FOUND if there is none of that name).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ListEnvironments(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """The environments, ordered by name, paged.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def DeleteEnvironment(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Delete an environment: FAILED_PRECONDITION while nodes are enrolled, unless force
+        (revoke them) or reset (deprovision them first; the environment goes with its last node).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def CreateToken(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """A join token for an environment and role; its secret is in the response only.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ListTokens(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """The join tokens (never their secrets), oldest first, paged.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def RevokeToken(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Revoke a join token: no further enrollment with it (nodes it enrolled stay).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ListNodes(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """The nodes, ordered by name, paged; without steps and health (GetNode has them).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def GetNode(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """One node in detail: facts, health and every step, requested vs observed.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def RevokeNode(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Revoke a node's certificate: its stream is closed and it cannot connect again (the record
+        stays, state revoked).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -277,19 +313,23 @@ class AdminServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def RerunSteps(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Run steps of a connected node again (FAILED_PRECONDITION if it is not connected).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ListEvents(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """A node's stored events after a seq, oldest first.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def FollowEvents(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """A node's (or an environment's) stored events, then new ones as they arrive; a client that
+        falls too far behind is cut off (RESOURCE_EXHAUSTED) and may resume from its last seq.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -303,13 +343,15 @@ class AdminServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetClusterHealth(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """An environment's Kubernetes cluster: its nodes and conditions as its agents report them.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def GetKubeconfig(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """The cluster's admin kubeconfig (cluster-admin: needs an admin certificate).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -336,20 +378,23 @@ class AdminServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetRollout(self, request, context):
-        """Rollouts: how a new generation of an environment moves through its nodes.
+        """An environment's current (or last) rollout: how its newest generation moves through its
+        nodes (FAILED_PRECONDITION if it has had none).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def PauseRollout(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Admit no further nodes until resumed; the nodes already moving go on.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ResumeRollout(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Go on with a paused rollout (also after its canary pause).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -566,7 +611,18 @@ def add_AdminServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class AdminService:
-    """Missing associated documentation comment in .proto file."""
+    """The admin service of a controller.
+
+    Paging (AIP-158) on ListNodes, ListTokens, ListEnvironments and ListAuditRecords:
+    page_size 0 takes the default; above the maximum it is lowered to it; a page may hold fewer
+    items than asked (it is also bounded to 2 MiB), and next_page_token is empty on the last one.
+    A page_token is opaque and valid only with the same request fields (else INVALID_ARGUMENT).
+
+    Times are milliseconds since the Unix epoch (the fields named `..._ms`); names of
+    environments and nodes are case-sensitive. An admin certificate limited to some environments
+    sees and changes only those: anything else is PERMISSION_DENIED (or left out of lists and
+    watches).
+    """
 
     @staticmethod
     def GetVersion(request,

@@ -4,7 +4,8 @@ isort:skip_file
 The admin API: what tetherctl and platform integrations use.
 
 Every call is mutual TLS with an admin certificate the controller issued.
-Read-only certificates may call the Get/List/Follow/Render methods only.
+Read-only certificates may call the Get/List/Follow/Watch/Render/Diff methods only (and
+ApplyEnvironment with dry_run); GetKubeconfig needs an admin certificate.
 """
 
 from collections import abc as _abc
@@ -32,6 +33,19 @@ GRPC_GENERATED_VERSION: str
 GRPC_VERSION: str
 
 class AdminServiceStub:
+    """The admin service of a controller.
+
+    Paging (AIP-158) on ListNodes, ListTokens, ListEnvironments and ListAuditRecords:
+    page_size 0 takes the default; above the maximum it is lowered to it; a page may hold fewer
+    items than asked (it is also bounded to 2 MiB), and next_page_token is empty on the last one.
+    A page_token is opaque and valid only with the same request fields (else INVALID_ARGUMENT).
+
+    Times are milliseconds since the Unix epoch (the fields named `..._ms`); names of
+    environments and nodes are case-sensitive. An admin certificate limited to some environments
+    sees and changes only those: anything else is PERMISSION_DENIED (or left out of lists and
+    watches).
+    """
+
     @_typing.overload
     def __new__(cls, channel: _grpc.Channel) -> _Self: ...
     @_typing.overload
@@ -39,28 +53,52 @@ class AdminServiceStub:
     GetVersion: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetVersionRequest, _admin_pb2.VersionInfo]
     """The controller's version and API version."""
     ApplyEnvironment: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ApplyEnvironmentRequest, _admin_pb2.ApplyEnvironmentResponse]
+    """Create or update an environment from its document (holodeck's Environment YAML). A changed
+    document gets a new generation and starts a rollout. An invalid document is
+    INVALID_ARGUMENT with every problem; a stale expected_generation is ABORTED.
+    """
     GetEnvironment: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetEnvironmentRequest, _admin_pb2.Environment]
+    """One environment, with its applied document (NOT_FOUND if there is none of that name)."""
     ListEnvironments: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListEnvironmentsRequest, _admin_pb2.ListEnvironmentsResponse]
+    """The environments, ordered by name, paged."""
     DeleteEnvironment: _grpc.UnaryUnaryMultiCallable[_admin_pb2.DeleteEnvironmentRequest, _admin_pb2.DeleteEnvironmentResponse]
+    """Delete an environment: FAILED_PRECONDITION while nodes are enrolled, unless force
+    (revoke them) or reset (deprovision them first; the environment goes with its last node).
+    """
     CreateToken: _grpc.UnaryUnaryMultiCallable[_admin_pb2.CreateTokenRequest, _admin_pb2.CreateTokenResponse]
+    """A join token for an environment and role; its secret is in the response only."""
     ListTokens: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListTokensRequest, _admin_pb2.ListTokensResponse]
+    """The join tokens (never their secrets), oldest first, paged."""
     RevokeToken: _grpc.UnaryUnaryMultiCallable[_admin_pb2.RevokeTokenRequest, _admin_pb2.RevokeTokenResponse]
+    """Revoke a join token: no further enrollment with it (nodes it enrolled stay)."""
     ListNodes: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListNodesRequest, _admin_pb2.ListNodesResponse]
+    """The nodes, ordered by name, paged; without steps and health (GetNode has them)."""
     GetNode: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetNodeRequest, _admin_pb2.Node]
+    """One node in detail: facts, health and every step, requested vs observed."""
     RevokeNode: _grpc.UnaryUnaryMultiCallable[_admin_pb2.RevokeNodeRequest, _admin_pb2.RevokeNodeResponse]
+    """Revoke a node's certificate: its stream is closed and it cannot connect again (the record
+    stays, state revoked).
+    """
     DeleteNode: _grpc.UnaryUnaryMultiCallable[_admin_pb2.DeleteNodeRequest, _admin_pb2.DeleteNodeResponse]
     """Forget a revoked or offline node: its record, steps and events (force: revoke it first)."""
     ResetNode: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ResetNodeRequest, _admin_pb2.ResetNodeResponse]
     """Deprovision a node: leave the cluster, remove the agent, its config and state; then forget it."""
     RerunSteps: _grpc.UnaryUnaryMultiCallable[_admin_pb2.RerunStepsRequest, _admin_pb2.RerunStepsResponse]
+    """Run steps of a connected node again (FAILED_PRECONDITION if it is not connected)."""
     ListEvents: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListEventsRequest, _admin_pb2.ListEventsResponse]
+    """A node's stored events after a seq, oldest first."""
     FollowEvents: _grpc.UnaryStreamMultiCallable[_admin_pb2.ListEventsRequest, _common_pb2.Event]
+    """A node's (or an environment's) stored events, then new ones as they arrive; a client that
+    falls too far behind is cut off (RESOURCE_EXHAUSTED) and may resume from its last seq.
+    """
     RenderPlan: _grpc.UnaryUnaryMultiCallable[_admin_pb2.RenderPlanRequest, _common_pb2.Plan]
     """The plan a node of this environment gets: an enrolled node's, or a
     hypothetical node described by role and facts.
     """
     GetClusterHealth: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetClusterHealthRequest, _admin_pb2.ClusterHealth]
+    """An environment's Kubernetes cluster: its nodes and conditions as its agents report them."""
     GetKubeconfig: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetKubeconfigRequest, _admin_pb2.GetKubeconfigResponse]
+    """The cluster's admin kubeconfig (cluster-admin: needs an admin certificate)."""
     ExpireJoinMaterial: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ExpireJoinMaterialRequest, _admin_pb2.ExpireJoinMaterialResponse]
     """Treat the stored kubeadm join material as expired: the next join gets fresh material."""
     Bootstrap: _grpc.UnaryStreamMultiCallable[_admin_pb2.BootstrapRequest, _admin_pb2.BootstrapEvent]
@@ -68,9 +106,13 @@ class AdminServiceStub:
     DiffEnvironment: _grpc.UnaryUnaryMultiCallable[_admin_pb2.DiffEnvironmentRequest, _admin_pb2.DiffEnvironmentResponse]
     """What applying a document would change on each enrolled node (nothing is stored)."""
     GetRollout: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetRolloutRequest, _admin_pb2.Rollout]
-    """Rollouts: how a new generation of an environment moves through its nodes."""
+    """An environment's current (or last) rollout: how its newest generation moves through its
+    nodes (FAILED_PRECONDITION if it has had none).
+    """
     PauseRollout: _grpc.UnaryUnaryMultiCallable[_admin_pb2.RolloutRequest, _admin_pb2.Rollout]
+    """Admit no further nodes until resumed; the nodes already moving go on."""
     ResumeRollout: _grpc.UnaryUnaryMultiCallable[_admin_pb2.RolloutRequest, _admin_pb2.Rollout]
+    """Go on with a paused rollout (also after its canary pause)."""
     AbortRollout: _grpc.UnaryUnaryMultiCallable[_admin_pb2.RolloutRequest, _admin_pb2.Rollout]
     """Stop admitting nodes; the ones not yet moved stay on their generation."""
     UndoRollout: _grpc.UnaryUnaryMultiCallable[_admin_pb2.RolloutRequest, _admin_pb2.Rollout]
@@ -90,32 +132,69 @@ class AdminServiceStub:
 
 @_typing.type_check_only
 class AdminServiceAsyncStub(AdminServiceStub):
+    """The admin service of a controller.
+
+    Paging (AIP-158) on ListNodes, ListTokens, ListEnvironments and ListAuditRecords:
+    page_size 0 takes the default; above the maximum it is lowered to it; a page may hold fewer
+    items than asked (it is also bounded to 2 MiB), and next_page_token is empty on the last one.
+    A page_token is opaque and valid only with the same request fields (else INVALID_ARGUMENT).
+
+    Times are milliseconds since the Unix epoch (the fields named `..._ms`); names of
+    environments and nodes are case-sensitive. An admin certificate limited to some environments
+    sees and changes only those: anything else is PERMISSION_DENIED (or left out of lists and
+    watches).
+    """
+
     def __init__(self, channel: _aio.Channel) -> None: ...
     GetVersion: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetVersionRequest, _admin_pb2.VersionInfo]  # type: ignore[assignment]
     """The controller's version and API version."""
     ApplyEnvironment: _aio.UnaryUnaryMultiCallable[_admin_pb2.ApplyEnvironmentRequest, _admin_pb2.ApplyEnvironmentResponse]  # type: ignore[assignment]
+    """Create or update an environment from its document (holodeck's Environment YAML). A changed
+    document gets a new generation and starts a rollout. An invalid document is
+    INVALID_ARGUMENT with every problem; a stale expected_generation is ABORTED.
+    """
     GetEnvironment: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetEnvironmentRequest, _admin_pb2.Environment]  # type: ignore[assignment]
+    """One environment, with its applied document (NOT_FOUND if there is none of that name)."""
     ListEnvironments: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListEnvironmentsRequest, _admin_pb2.ListEnvironmentsResponse]  # type: ignore[assignment]
+    """The environments, ordered by name, paged."""
     DeleteEnvironment: _aio.UnaryUnaryMultiCallable[_admin_pb2.DeleteEnvironmentRequest, _admin_pb2.DeleteEnvironmentResponse]  # type: ignore[assignment]
+    """Delete an environment: FAILED_PRECONDITION while nodes are enrolled, unless force
+    (revoke them) or reset (deprovision them first; the environment goes with its last node).
+    """
     CreateToken: _aio.UnaryUnaryMultiCallable[_admin_pb2.CreateTokenRequest, _admin_pb2.CreateTokenResponse]  # type: ignore[assignment]
+    """A join token for an environment and role; its secret is in the response only."""
     ListTokens: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListTokensRequest, _admin_pb2.ListTokensResponse]  # type: ignore[assignment]
+    """The join tokens (never their secrets), oldest first, paged."""
     RevokeToken: _aio.UnaryUnaryMultiCallable[_admin_pb2.RevokeTokenRequest, _admin_pb2.RevokeTokenResponse]  # type: ignore[assignment]
+    """Revoke a join token: no further enrollment with it (nodes it enrolled stay)."""
     ListNodes: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListNodesRequest, _admin_pb2.ListNodesResponse]  # type: ignore[assignment]
+    """The nodes, ordered by name, paged; without steps and health (GetNode has them)."""
     GetNode: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetNodeRequest, _admin_pb2.Node]  # type: ignore[assignment]
+    """One node in detail: facts, health and every step, requested vs observed."""
     RevokeNode: _aio.UnaryUnaryMultiCallable[_admin_pb2.RevokeNodeRequest, _admin_pb2.RevokeNodeResponse]  # type: ignore[assignment]
+    """Revoke a node's certificate: its stream is closed and it cannot connect again (the record
+    stays, state revoked).
+    """
     DeleteNode: _aio.UnaryUnaryMultiCallable[_admin_pb2.DeleteNodeRequest, _admin_pb2.DeleteNodeResponse]  # type: ignore[assignment]
     """Forget a revoked or offline node: its record, steps and events (force: revoke it first)."""
     ResetNode: _aio.UnaryUnaryMultiCallable[_admin_pb2.ResetNodeRequest, _admin_pb2.ResetNodeResponse]  # type: ignore[assignment]
     """Deprovision a node: leave the cluster, remove the agent, its config and state; then forget it."""
     RerunSteps: _aio.UnaryUnaryMultiCallable[_admin_pb2.RerunStepsRequest, _admin_pb2.RerunStepsResponse]  # type: ignore[assignment]
+    """Run steps of a connected node again (FAILED_PRECONDITION if it is not connected)."""
     ListEvents: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListEventsRequest, _admin_pb2.ListEventsResponse]  # type: ignore[assignment]
+    """A node's stored events after a seq, oldest first."""
     FollowEvents: _aio.UnaryStreamMultiCallable[_admin_pb2.ListEventsRequest, _common_pb2.Event]  # type: ignore[assignment]
+    """A node's (or an environment's) stored events, then new ones as they arrive; a client that
+    falls too far behind is cut off (RESOURCE_EXHAUSTED) and may resume from its last seq.
+    """
     RenderPlan: _aio.UnaryUnaryMultiCallable[_admin_pb2.RenderPlanRequest, _common_pb2.Plan]  # type: ignore[assignment]
     """The plan a node of this environment gets: an enrolled node's, or a
     hypothetical node described by role and facts.
     """
     GetClusterHealth: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetClusterHealthRequest, _admin_pb2.ClusterHealth]  # type: ignore[assignment]
+    """An environment's Kubernetes cluster: its nodes and conditions as its agents report them."""
     GetKubeconfig: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetKubeconfigRequest, _admin_pb2.GetKubeconfigResponse]  # type: ignore[assignment]
+    """The cluster's admin kubeconfig (cluster-admin: needs an admin certificate)."""
     ExpireJoinMaterial: _aio.UnaryUnaryMultiCallable[_admin_pb2.ExpireJoinMaterialRequest, _admin_pb2.ExpireJoinMaterialResponse]  # type: ignore[assignment]
     """Treat the stored kubeadm join material as expired: the next join gets fresh material."""
     Bootstrap: _aio.UnaryStreamMultiCallable[_admin_pb2.BootstrapRequest, _admin_pb2.BootstrapEvent]  # type: ignore[assignment]
@@ -123,9 +202,13 @@ class AdminServiceAsyncStub(AdminServiceStub):
     DiffEnvironment: _aio.UnaryUnaryMultiCallable[_admin_pb2.DiffEnvironmentRequest, _admin_pb2.DiffEnvironmentResponse]  # type: ignore[assignment]
     """What applying a document would change on each enrolled node (nothing is stored)."""
     GetRollout: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetRolloutRequest, _admin_pb2.Rollout]  # type: ignore[assignment]
-    """Rollouts: how a new generation of an environment moves through its nodes."""
+    """An environment's current (or last) rollout: how its newest generation moves through its
+    nodes (FAILED_PRECONDITION if it has had none).
+    """
     PauseRollout: _aio.UnaryUnaryMultiCallable[_admin_pb2.RolloutRequest, _admin_pb2.Rollout]  # type: ignore[assignment]
+    """Admit no further nodes until resumed; the nodes already moving go on."""
     ResumeRollout: _aio.UnaryUnaryMultiCallable[_admin_pb2.RolloutRequest, _admin_pb2.Rollout]  # type: ignore[assignment]
+    """Go on with a paused rollout (also after its canary pause)."""
     AbortRollout: _aio.UnaryUnaryMultiCallable[_admin_pb2.RolloutRequest, _admin_pb2.Rollout]  # type: ignore[assignment]
     """Stop admitting nodes; the ones not yet moved stay on their generation."""
     UndoRollout: _aio.UnaryUnaryMultiCallable[_admin_pb2.RolloutRequest, _admin_pb2.Rollout]  # type: ignore[assignment]
@@ -144,6 +227,19 @@ class AdminServiceAsyncStub(AdminServiceStub):
     """Who changed what: every mutating call, newest first, paged."""
 
 class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
+    """The admin service of a controller.
+
+    Paging (AIP-158) on ListNodes, ListTokens, ListEnvironments and ListAuditRecords:
+    page_size 0 takes the default; above the maximum it is lowered to it; a page may hold fewer
+    items than asked (it is also bounded to 2 MiB), and next_page_token is empty on the last one.
+    A page_token is opaque and valid only with the same request fields (else INVALID_ARGUMENT).
+
+    Times are milliseconds since the Unix epoch (the fields named `..._ms`); names of
+    environments and nodes are case-sensitive. An admin certificate limited to some environments
+    sees and changes only those: anything else is PERMISSION_DENIED (or left out of lists and
+    watches).
+    """
+
     @_abc_1.abstractmethod
     def GetVersion(
         self,
@@ -157,70 +253,87 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
         self,
         request: _admin_pb2.ApplyEnvironmentRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_admin_pb2.ApplyEnvironmentResponse, _abc.Awaitable[_admin_pb2.ApplyEnvironmentResponse]]: ...
+    ) -> _typing.Union[_admin_pb2.ApplyEnvironmentResponse, _abc.Awaitable[_admin_pb2.ApplyEnvironmentResponse]]:
+        """Create or update an environment from its document (holodeck's Environment YAML). A changed
+        document gets a new generation and starts a rollout. An invalid document is
+        INVALID_ARGUMENT with every problem; a stale expected_generation is ABORTED.
+        """
 
     @_abc_1.abstractmethod
     def GetEnvironment(
         self,
         request: _admin_pb2.GetEnvironmentRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_admin_pb2.Environment, _abc.Awaitable[_admin_pb2.Environment]]: ...
+    ) -> _typing.Union[_admin_pb2.Environment, _abc.Awaitable[_admin_pb2.Environment]]:
+        """One environment, with its applied document (NOT_FOUND if there is none of that name)."""
 
     @_abc_1.abstractmethod
     def ListEnvironments(
         self,
         request: _admin_pb2.ListEnvironmentsRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_admin_pb2.ListEnvironmentsResponse, _abc.Awaitable[_admin_pb2.ListEnvironmentsResponse]]: ...
+    ) -> _typing.Union[_admin_pb2.ListEnvironmentsResponse, _abc.Awaitable[_admin_pb2.ListEnvironmentsResponse]]:
+        """The environments, ordered by name, paged."""
 
     @_abc_1.abstractmethod
     def DeleteEnvironment(
         self,
         request: _admin_pb2.DeleteEnvironmentRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_admin_pb2.DeleteEnvironmentResponse, _abc.Awaitable[_admin_pb2.DeleteEnvironmentResponse]]: ...
+    ) -> _typing.Union[_admin_pb2.DeleteEnvironmentResponse, _abc.Awaitable[_admin_pb2.DeleteEnvironmentResponse]]:
+        """Delete an environment: FAILED_PRECONDITION while nodes are enrolled, unless force
+        (revoke them) or reset (deprovision them first; the environment goes with its last node).
+        """
 
     @_abc_1.abstractmethod
     def CreateToken(
         self,
         request: _admin_pb2.CreateTokenRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_admin_pb2.CreateTokenResponse, _abc.Awaitable[_admin_pb2.CreateTokenResponse]]: ...
+    ) -> _typing.Union[_admin_pb2.CreateTokenResponse, _abc.Awaitable[_admin_pb2.CreateTokenResponse]]:
+        """A join token for an environment and role; its secret is in the response only."""
 
     @_abc_1.abstractmethod
     def ListTokens(
         self,
         request: _admin_pb2.ListTokensRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_admin_pb2.ListTokensResponse, _abc.Awaitable[_admin_pb2.ListTokensResponse]]: ...
+    ) -> _typing.Union[_admin_pb2.ListTokensResponse, _abc.Awaitable[_admin_pb2.ListTokensResponse]]:
+        """The join tokens (never their secrets), oldest first, paged."""
 
     @_abc_1.abstractmethod
     def RevokeToken(
         self,
         request: _admin_pb2.RevokeTokenRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_admin_pb2.RevokeTokenResponse, _abc.Awaitable[_admin_pb2.RevokeTokenResponse]]: ...
+    ) -> _typing.Union[_admin_pb2.RevokeTokenResponse, _abc.Awaitable[_admin_pb2.RevokeTokenResponse]]:
+        """Revoke a join token: no further enrollment with it (nodes it enrolled stay)."""
 
     @_abc_1.abstractmethod
     def ListNodes(
         self,
         request: _admin_pb2.ListNodesRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_admin_pb2.ListNodesResponse, _abc.Awaitable[_admin_pb2.ListNodesResponse]]: ...
+    ) -> _typing.Union[_admin_pb2.ListNodesResponse, _abc.Awaitable[_admin_pb2.ListNodesResponse]]:
+        """The nodes, ordered by name, paged; without steps and health (GetNode has them)."""
 
     @_abc_1.abstractmethod
     def GetNode(
         self,
         request: _admin_pb2.GetNodeRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_admin_pb2.Node, _abc.Awaitable[_admin_pb2.Node]]: ...
+    ) -> _typing.Union[_admin_pb2.Node, _abc.Awaitable[_admin_pb2.Node]]:
+        """One node in detail: facts, health and every step, requested vs observed."""
 
     @_abc_1.abstractmethod
     def RevokeNode(
         self,
         request: _admin_pb2.RevokeNodeRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_admin_pb2.RevokeNodeResponse, _abc.Awaitable[_admin_pb2.RevokeNodeResponse]]: ...
+    ) -> _typing.Union[_admin_pb2.RevokeNodeResponse, _abc.Awaitable[_admin_pb2.RevokeNodeResponse]]:
+        """Revoke a node's certificate: its stream is closed and it cannot connect again (the record
+        stays, state revoked).
+        """
 
     @_abc_1.abstractmethod
     def DeleteNode(
@@ -243,21 +356,26 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
         self,
         request: _admin_pb2.RerunStepsRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_admin_pb2.RerunStepsResponse, _abc.Awaitable[_admin_pb2.RerunStepsResponse]]: ...
+    ) -> _typing.Union[_admin_pb2.RerunStepsResponse, _abc.Awaitable[_admin_pb2.RerunStepsResponse]]:
+        """Run steps of a connected node again (FAILED_PRECONDITION if it is not connected)."""
 
     @_abc_1.abstractmethod
     def ListEvents(
         self,
         request: _admin_pb2.ListEventsRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_admin_pb2.ListEventsResponse, _abc.Awaitable[_admin_pb2.ListEventsResponse]]: ...
+    ) -> _typing.Union[_admin_pb2.ListEventsResponse, _abc.Awaitable[_admin_pb2.ListEventsResponse]]:
+        """A node's stored events after a seq, oldest first."""
 
     @_abc_1.abstractmethod
     def FollowEvents(
         self,
         request: _admin_pb2.ListEventsRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_abc.Iterator[_common_pb2.Event], _abc.AsyncIterator[_common_pb2.Event]]: ...
+    ) -> _typing.Union[_abc.Iterator[_common_pb2.Event], _abc.AsyncIterator[_common_pb2.Event]]:
+        """A node's (or an environment's) stored events, then new ones as they arrive; a client that
+        falls too far behind is cut off (RESOURCE_EXHAUSTED) and may resume from its last seq.
+        """
 
     @_abc_1.abstractmethod
     def RenderPlan(
@@ -274,14 +392,16 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
         self,
         request: _admin_pb2.GetClusterHealthRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_admin_pb2.ClusterHealth, _abc.Awaitable[_admin_pb2.ClusterHealth]]: ...
+    ) -> _typing.Union[_admin_pb2.ClusterHealth, _abc.Awaitable[_admin_pb2.ClusterHealth]]:
+        """An environment's Kubernetes cluster: its nodes and conditions as its agents report them."""
 
     @_abc_1.abstractmethod
     def GetKubeconfig(
         self,
         request: _admin_pb2.GetKubeconfigRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_admin_pb2.GetKubeconfigResponse, _abc.Awaitable[_admin_pb2.GetKubeconfigResponse]]: ...
+    ) -> _typing.Union[_admin_pb2.GetKubeconfigResponse, _abc.Awaitable[_admin_pb2.GetKubeconfigResponse]]:
+        """The cluster's admin kubeconfig (cluster-admin: needs an admin certificate)."""
 
     @_abc_1.abstractmethod
     def ExpireJoinMaterial(
@@ -313,21 +433,25 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _admin_pb2.GetRolloutRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_admin_pb2.Rollout, _abc.Awaitable[_admin_pb2.Rollout]]:
-        """Rollouts: how a new generation of an environment moves through its nodes."""
+        """An environment's current (or last) rollout: how its newest generation moves through its
+        nodes (FAILED_PRECONDITION if it has had none).
+        """
 
     @_abc_1.abstractmethod
     def PauseRollout(
         self,
         request: _admin_pb2.RolloutRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_admin_pb2.Rollout, _abc.Awaitable[_admin_pb2.Rollout]]: ...
+    ) -> _typing.Union[_admin_pb2.Rollout, _abc.Awaitable[_admin_pb2.Rollout]]:
+        """Admit no further nodes until resumed; the nodes already moving go on."""
 
     @_abc_1.abstractmethod
     def ResumeRollout(
         self,
         request: _admin_pb2.RolloutRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_admin_pb2.Rollout, _abc.Awaitable[_admin_pb2.Rollout]]: ...
+    ) -> _typing.Union[_admin_pb2.Rollout, _abc.Awaitable[_admin_pb2.Rollout]]:
+        """Go on with a paused rollout (also after its canary pause)."""
 
     @_abc_1.abstractmethod
     def AbortRollout(

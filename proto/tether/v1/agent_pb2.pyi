@@ -25,13 +25,18 @@ DESCRIPTOR: _descriptor.FileDescriptor
 
 @_typing.final
 class FetchAgentBundleRequest(_message.Message):
+    """Which agent bundle to download, and from where in it."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     VERSION_FIELD_NUMBER: _builtins.int
     OFFSET_FIELD_NUMBER: _builtins.int
     version: _builtins.str
+    """The agent version: the one Plan.agent names."""
     offset: _builtins.int
-    """resume a partial download"""
+    """Resume a partial download from this byte offset (0: from the start; past the end is
+    INVALID_ARGUMENT).
+    """
     def __init__(
         self,
         *,
@@ -48,6 +53,8 @@ Global___FetchAgentBundleRequest: _TypeAlias = FetchAgentBundleRequest  # noqa: 
 
 @_typing.final
 class BundleChunk(_message.Message):
+    """One piece of an agent bundle (at most 1 MiB of data)."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     DATA_FIELD_NUMBER: _builtins.int
@@ -55,11 +62,13 @@ class BundleChunk(_message.Message):
     SIZE_FIELD_NUMBER: _builtins.int
     SHA256_FIELD_NUMBER: _builtins.int
     data: _builtins.bytes
+    """The bytes of the bundle from offset on."""
     offset: _builtins.int
+    """Where data starts in the bundle, in bytes."""
     size: _builtins.int
-    """of the whole bundle"""
+    """The whole bundle's size in bytes."""
     sha256: _builtins.str
-    """of the whole bundle (first chunk)"""
+    """SHA-256 hex of the whole bundle (first chunk only; "" after it)."""
     def __init__(
         self,
         *,
@@ -78,6 +87,8 @@ Global___BundleChunk: _TypeAlias = BundleChunk  # noqa: Y015
 
 @_typing.final
 class EnrollRequest(_message.Message):
+    """A node's request for its certificate."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     TOKEN_FIELD_NUMBER: _builtins.int
@@ -88,14 +99,23 @@ class EnrollRequest(_message.Message):
     EXPECT_ROLE_FIELD_NUMBER: _builtins.int
     AGENT_VERSION_FIELD_NUMBER: _builtins.int
     token: _builtins.str
+    """The join token, "id.secret" (tetherctl token create). Never logged."""
     csr_pem: _builtins.bytes
+    """A PEM certificate signing request for the node's own key."""
     node_name: _builtins.str
+    """The node's name: lower-case letters, digits, '.' and '-' (at most 253 characters); a token
+    created for one node name admits only that name.
+    """
     expect_environment: _builtins.str
-    """optional: refuse a token of another scope"""
+    """Optional: refuse a token of another environment."""
     expect_role: _builtins.str
+    """Optional: refuse a token of another role ("control-plane" | "worker")."""
     agent_version: _builtins.str
+    """The enrolling agent's version."""
     @_builtins.property
-    def facts(self) -> _common_pb2.HostFacts: ...
+    def facts(self) -> _common_pb2.HostFacts:
+        """What the node is, for its first plan."""
+
     def __init__(
         self,
         *,
@@ -117,6 +137,8 @@ Global___EnrollRequest: _TypeAlias = EnrollRequest  # noqa: Y015
 
 @_typing.final
 class EnrollResponse(_message.Message):
+    """The node's identity, as the controller issued it."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     CERTIFICATE_PEM_FIELD_NUMBER: _builtins.int
@@ -126,12 +148,19 @@ class EnrollResponse(_message.Message):
     ROLE_FIELD_NUMBER: _builtins.int
     NEXT_SEQ_FIELD_NUMBER: _builtins.int
     certificate_pem: _builtins.bytes
+    """The node's certificate, PEM."""
     ca_pem: _builtins.bytes
+    """The controller's CA certificate, PEM: the only CA the agent trusts from now on."""
     node_name: _builtins.str
+    """The node's name, as recorded."""
     environment: _builtins.str
+    """The environment the token enrolled it in."""
     role: _builtins.str
+    """Its role: "control-plane" | "worker"."""
     next_seq: _builtins.int
-    """first event sequence number this identity uses"""
+    """The first event sequence number this identity uses (after every event already stored under
+    this node name).
+    """
     def __init__(
         self,
         *,
@@ -152,6 +181,8 @@ Global___EnrollResponse: _TypeAlias = EnrollResponse  # noqa: Y015
 
 @_typing.final
 class AgentMessage(_message.Message):
+    """What an agent sends on its stream."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     HELLO_FIELD_NUMBER: _builtins.int
@@ -161,17 +192,29 @@ class AgentMessage(_message.Message):
     SECRETS_FIELD_NUMBER: _builtins.int
     RENEW_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def hello(self) -> Global___Hello: ...
+    def hello(self) -> Global___Hello:
+        """First message of every stream."""
+
     @_builtins.property
-    def events(self) -> Global___EventBatch: ...
+    def events(self) -> Global___EventBatch:
+        """Step and node events, in seq order."""
+
     @_builtins.property
-    def health(self) -> _common_pb2.Health: ...
+    def health(self) -> _common_pb2.Health:
+        """A heartbeat: the node's health now."""
+
     @_builtins.property
-    def gate(self) -> Global___GateRequest: ...
+    def gate(self) -> Global___GateRequest:
+        """A gated step asks for its Release."""
+
     @_builtins.property
-    def secrets(self) -> Global___StepSecrets: ...
+    def secrets(self) -> Global___StepSecrets:
+        """Secret values (and outputs) a step produced."""
+
     @_builtins.property
-    def renew(self) -> Global___RenewRequest: ...
+    def renew(self) -> Global___RenewRequest:
+        """Ask for a renewed certificate (answered with a Certificate)."""
+
     def __init__(
         self,
         *,
@@ -194,6 +237,8 @@ Global___AgentMessage: _TypeAlias = AgentMessage  # noqa: Y015
 
 @_typing.final
 class Hello(_message.Message):
+    """The first message of an agent's stream: who it is and what it holds."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     AGENT_VERSION_FIELD_NUMBER: _builtins.int
@@ -206,18 +251,27 @@ class Hello(_message.Message):
     UPGRADED_FROM_FIELD_NUMBER: _builtins.int
     ROLLED_BACK_FROM_FIELD_NUMBER: _builtins.int
     agent_version: _builtins.str
+    """The running agent's version."""
     last_acked_seq: _builtins.int
+    """The highest event seq the controller acknowledged to this agent."""
     next_seq: _builtins.int
+    """The seq the agent's next event will carry."""
     plan_digest: _builtins.str
-    """the plan the agent holds, if any"""
+    """The digest of the plan the agent holds ("" if none)."""
     plan_generation: _builtins.int
+    """That plan's generation (0 if none)."""
     upgraded_from: _builtins.str
-    """After a self-upgrade: the version it came from, and whether it rolled back to it."""
+    """After a self-upgrade: the version it came from ("" otherwise)."""
     rolled_back_from: _builtins.str
+    """After a self-upgrade that failed: the version it rolled back from ("" otherwise)."""
     @_builtins.property
-    def facts(self) -> _common_pb2.HostFacts: ...
+    def facts(self) -> _common_pb2.HostFacts:
+        """The node's facts now."""
+
     @_builtins.property
-    def journal(self) -> _containers.RepeatedCompositeFieldContainer[Global___StepState]: ...
+    def journal(self) -> _containers.RepeatedCompositeFieldContainer[Global___StepState]:
+        """The agent's journal: the state of every step it ran."""
+
     def __init__(
         self,
         *,
@@ -241,15 +295,19 @@ Global___Hello: _TypeAlias = Hello  # noqa: Y015
 
 @_typing.final
 class StepState(_message.Message):
+    """One journal entry of the agent's."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     STEP_FIELD_NUMBER: _builtins.int
     DIGEST_FIELD_NUMBER: _builtins.int
     STATE_FIELD_NUMBER: _builtins.int
     step: _builtins.str
+    """The step's name."""
     digest: _builtins.str
+    """The step's digest the entry is for."""
     state: _builtins.str
-    """pending | running | succeeded | failed"""
+    """"running" | "succeeded" | "failed" | "rebooting" (succeeded, and its reboot is under way)."""
     def __init__(
         self,
         *,
@@ -267,11 +325,15 @@ Global___StepState: _TypeAlias = StepState  # noqa: Y015
 
 @_typing.final
 class EventBatch(_message.Message):
+    """Events not yet acknowledged, at most 512 KiB a batch."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     EVENTS_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def events(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Event]: ...
+    def events(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Event]:
+        """The events, in increasing seq order."""
+
     def __init__(
         self,
         *,
@@ -295,9 +357,11 @@ class GateRequest(_message.Message):
     DIGEST_FIELD_NUMBER: _builtins.int
     ATTEMPT_FIELD_NUMBER: _builtins.int
     step: _builtins.str
+    """The gated step's name."""
     digest: _builtins.str
+    """The step's digest: a Release for another digest does not open it."""
     attempt: _builtins.int
-    """> 1: the previous attempt failed, so its release may be stale"""
+    """The attempt about to run; > 1: the previous attempt failed, so its release may be stale."""
     def __init__(
         self,
         *,
@@ -316,7 +380,7 @@ Global___GateRequest: _TypeAlias = GateRequest  # noqa: Y015
 @_typing.final
 class StepSecrets(_message.Message):
     """Secret values a step produced (e.g. kubeadm join material). Sent once,
-    never journaled, never part of an event.
+    never journaled, never part of an event; sent again until an Ack names them.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -366,15 +430,16 @@ class StepSecrets(_message.Message):
     COMMAND_ID_FIELD_NUMBER: _builtins.int
     OUTPUTS_FIELD_NUMBER: _builtins.int
     step: _builtins.str
+    """The step that produced them."""
     command_id: _builtins.str
-    """set when answering a RunTask command"""
+    """Set when answering a RunTask command (its Command.id); "" for a plan's step."""
     @_builtins.property
     def values(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
-        """secret: never logged, masked everywhere"""
+        """Secret: never logged, masked everywhere."""
 
     @_builtins.property
     def outputs(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
-        """not secret, travelling with them ($TETHER_OUTPUTS)"""
+        """Not secret, travelling with them (what the step wrote to $TETHER_OUTPUTS)."""
 
     def __init__(
         self,
@@ -394,10 +459,13 @@ Global___StepSecrets: _TypeAlias = StepSecrets  # noqa: Y015
 
 @_typing.final
 class RenewRequest(_message.Message):
+    """A request for a fresh node certificate, for the same node."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     CSR_PEM_FIELD_NUMBER: _builtins.int
     csr_pem: _builtins.bytes
+    """A PEM certificate signing request (a new key or the same one)."""
     def __init__(
         self,
         *,
@@ -413,6 +481,8 @@ Global___RenewRequest: _TypeAlias = RenewRequest  # noqa: Y015
 
 @_typing.final
 class ControllerMessage(_message.Message):
+    """What the controller sends on an agent's stream."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     PLAN_FIELD_NUMBER: _builtins.int
@@ -423,19 +493,33 @@ class ControllerMessage(_message.Message):
     CERTIFICATE_FIELD_NUMBER: _builtins.int
     WELCOME_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def plan(self) -> _common_pb2.Plan: ...
+    def plan(self) -> _common_pb2.Plan:
+        """The node's plan, whenever it changes (and after the Welcome)."""
+
     @_builtins.property
-    def ack(self) -> Global___Ack: ...
+    def ack(self) -> Global___Ack:
+        """Events stored up to a seq; step secrets stored."""
+
     @_builtins.property
-    def release(self) -> Global___Release: ...
+    def release(self) -> Global___Release:
+        """A gate opened."""
+
     @_builtins.property
-    def command(self) -> Global___Command: ...
+    def command(self) -> Global___Command:
+        """Something to do outside the plan."""
+
     @_builtins.property
-    def settings(self) -> Global___Settings: ...
+    def settings(self) -> Global___Settings:
+        """Agent settings the controller decides."""
+
     @_builtins.property
-    def certificate(self) -> Global___Certificate: ...
+    def certificate(self) -> Global___Certificate:
+        """A renewed certificate (the answer to a RenewRequest)."""
+
     @_builtins.property
-    def welcome(self) -> Global___Welcome: ...
+    def welcome(self) -> Global___Welcome:
+        """First message of every stream."""
+
     def __init__(
         self,
         *,
@@ -466,8 +550,9 @@ class Welcome(_message.Message):
     NODE_NAME_FIELD_NUMBER: _builtins.int
     STORED_SEQ_FIELD_NUMBER: _builtins.int
     node_name: _builtins.str
+    """The node's name, as the certificate says."""
     stored_seq: _builtins.int
-    """highest contiguous event seq stored for this node"""
+    """Highest contiguous event seq stored for this node: the agent resends from there."""
     def __init__(
         self,
         *,
@@ -491,8 +576,11 @@ class Ack(_message.Message):
     SEQ_FIELD_NUMBER: _builtins.int
     SECRETS_FIELD_NUMBER: _builtins.int
     seq: _builtins.int
+    """The highest event seq stored (0: no news about events)."""
     @_builtins.property
-    def secrets(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def secrets(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The StepSecrets stored: each a step name, or a RunTask's command id."""
+
     def __init__(
         self,
         *,
@@ -558,14 +646,16 @@ class Release(_message.Message):
     SECRET_ENV_FIELD_NUMBER: _builtins.int
     ENV_FIELD_NUMBER: _builtins.int
     step: _builtins.str
+    """The gated step's name."""
     digest: _builtins.str
+    """The digest of the step it opens (from its GateRequest)."""
     @_builtins.property
     def secret_env(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
-        """masked in every output line"""
+        """Secret environment values, by name; masked in every output line."""
 
     @_builtins.property
     def env(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
-        """just in time, but not secret (e.g. the API endpoint)"""
+        """Just in time, but not secret (e.g. the API endpoint)."""
 
     def __init__(
         self,
@@ -585,6 +675,8 @@ Global___Release: _TypeAlias = Release  # noqa: Y015
 
 @_typing.final
 class Command(_message.Message):
+    """Something the agent does outside its plan."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     ID_FIELD_NUMBER: _builtins.int
@@ -592,12 +684,19 @@ class Command(_message.Message):
     REBOOT_FIELD_NUMBER: _builtins.int
     TASK_FIELD_NUMBER: _builtins.int
     id: _builtins.str
+    """Unique per command, e.g. "rerun-1717171717000"; echoed in StepSecrets.command_id."""
     @_builtins.property
-    def rerun(self) -> Global___Rerun: ...
+    def rerun(self) -> Global___Rerun:
+        """Run steps of the plan again."""
+
     @_builtins.property
-    def reboot(self) -> Global___Reboot: ...
+    def reboot(self) -> Global___Reboot:
+        """Reboot the node (after its pending events are sent)."""
+
     @_builtins.property
-    def task(self) -> Global___RunTask: ...
+    def task(self) -> Global___RunTask:
+        """Run one step that is not in the plan."""
+
     def __init__(
         self,
         *,
@@ -624,7 +723,9 @@ class Rerun(_message.Message):
 
     STEPS_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def steps(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def steps(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Step names (empty: every step)."""
+
     def __init__(
         self,
         *,
@@ -640,6 +741,8 @@ Global___Rerun: _TypeAlias = Rerun  # noqa: Y015
 
 @_typing.final
 class Reboot(_message.Message):
+    """Reboot the node now; it has no fields."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     def __init__(
@@ -661,7 +764,9 @@ class RunTask(_message.Message):
 
     STEP_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def step(self) -> _common_pb2.Step: ...
+    def step(self) -> _common_pb2.Step:
+        """The step to run; its StepSecrets carry this command's id."""
+
     def __init__(
         self,
         *,
@@ -677,12 +782,18 @@ Global___RunTask: _TypeAlias = RunTask  # noqa: Y015
 
 @_typing.final
 class Settings(_message.Message):
+    """Agent settings the controller decides; a zero field keeps the agent's own value."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     HEARTBEAT_SECONDS_FIELD_NUMBER: _builtins.int
     BACKOFF_MAX_SECONDS_FIELD_NUMBER: _builtins.int
     heartbeat_seconds: _builtins.int
+    """The interval between Health reports, in seconds (controller --heartbeat-seconds, default 30)."""
     backoff_max_seconds: _builtins.int
+    """The longest wait between reconnection attempts, in seconds (not sent by the controller
+    today; the agent keeps its own, default 30).
+    """
     def __init__(
         self,
         *,
@@ -699,10 +810,13 @@ Global___Settings: _TypeAlias = Settings  # noqa: Y015
 
 @_typing.final
 class Certificate(_message.Message):
+    """A renewed node certificate."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     CERTIFICATE_PEM_FIELD_NUMBER: _builtins.int
     certificate_pem: _builtins.bytes
+    """The new certificate, PEM, for the key of the RenewRequest's CSR."""
     def __init__(
         self,
         *,

@@ -26,7 +26,8 @@ if _version_not_supported:
 
 
 class AgentServiceStub:
-    """Missing associated documentation comment in .proto file."""
+    """The service node agents call: enrollment, the node's stream, and agent bundles.
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -52,11 +53,13 @@ class AgentServiceStub:
 
 
 class AgentServiceServicer:
-    """Missing associated documentation comment in .proto file."""
+    """The service node agents call: enrollment, the node's stream, and agent bundles.
+    """
 
     def Enroll(self, request, context):
         """Trade a join token and a CSR for a node certificate. The private key
-        never leaves the node.
+        never leaves the node. A refused token (invalid, expired, used up, revoked or out of
+        scope) is PERMISSION_DENIED; a node name enrolled under another key is ALREADY_EXISTS.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -64,14 +67,16 @@ class AgentServiceServicer:
 
     def Connect(self, request_iterator, context):
         """The one long-lived stream: plans, releases and commands down; events,
-        health and join material up.
+        health and join material up. The agent's first message is a Hello; the controller's is a
+        Welcome.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def FetchAgentBundle(self, request, context):
-        """The agent bundle of one version, in chunks (mTLS; only a version its plan names).
+        """The agent bundle of one version, in chunks (mTLS; only the version the node's plan names,
+        else PERMISSION_DENIED).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -104,7 +109,8 @@ def add_AgentServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class AgentService:
-    """Missing associated documentation comment in .proto file."""
+    """The service node agents call: enrollment, the node's stream, and agent bundles.
+    """
 
     @staticmethod
     def Enroll(request,

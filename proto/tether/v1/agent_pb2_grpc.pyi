@@ -31,36 +31,50 @@ GRPC_GENERATED_VERSION: str
 GRPC_VERSION: str
 
 class AgentServiceStub:
+    """The service node agents call: enrollment, the node's stream, and agent bundles."""
+
     @_typing.overload
     def __new__(cls, channel: _grpc.Channel) -> _Self: ...
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> AgentServiceAsyncStub: ...
     Enroll: _grpc.UnaryUnaryMultiCallable[_agent_pb2.EnrollRequest, _agent_pb2.EnrollResponse]
     """Trade a join token and a CSR for a node certificate. The private key
-    never leaves the node.
+    never leaves the node. A refused token (invalid, expired, used up, revoked or out of
+    scope) is PERMISSION_DENIED; a node name enrolled under another key is ALREADY_EXISTS.
     """
     Connect: _grpc.StreamStreamMultiCallable[_agent_pb2.AgentMessage, _agent_pb2.ControllerMessage]
     """The one long-lived stream: plans, releases and commands down; events,
-    health and join material up.
+    health and join material up. The agent's first message is a Hello; the controller's is a
+    Welcome.
     """
     FetchAgentBundle: _grpc.UnaryStreamMultiCallable[_agent_pb2.FetchAgentBundleRequest, _agent_pb2.BundleChunk]
-    """The agent bundle of one version, in chunks (mTLS; only a version its plan names)."""
+    """The agent bundle of one version, in chunks (mTLS; only the version the node's plan names,
+    else PERMISSION_DENIED).
+    """
 
 @_typing.type_check_only
 class AgentServiceAsyncStub(AgentServiceStub):
+    """The service node agents call: enrollment, the node's stream, and agent bundles."""
+
     def __init__(self, channel: _aio.Channel) -> None: ...
     Enroll: _aio.UnaryUnaryMultiCallable[_agent_pb2.EnrollRequest, _agent_pb2.EnrollResponse]  # type: ignore[assignment]
     """Trade a join token and a CSR for a node certificate. The private key
-    never leaves the node.
+    never leaves the node. A refused token (invalid, expired, used up, revoked or out of
+    scope) is PERMISSION_DENIED; a node name enrolled under another key is ALREADY_EXISTS.
     """
     Connect: _aio.StreamStreamMultiCallable[_agent_pb2.AgentMessage, _agent_pb2.ControllerMessage]  # type: ignore[assignment]
     """The one long-lived stream: plans, releases and commands down; events,
-    health and join material up.
+    health and join material up. The agent's first message is a Hello; the controller's is a
+    Welcome.
     """
     FetchAgentBundle: _aio.UnaryStreamMultiCallable[_agent_pb2.FetchAgentBundleRequest, _agent_pb2.BundleChunk]  # type: ignore[assignment]
-    """The agent bundle of one version, in chunks (mTLS; only a version its plan names)."""
+    """The agent bundle of one version, in chunks (mTLS; only the version the node's plan names,
+    else PERMISSION_DENIED).
+    """
 
 class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
+    """The service node agents call: enrollment, the node's stream, and agent bundles."""
+
     @_abc_1.abstractmethod
     def Enroll(
         self,
@@ -68,7 +82,8 @@ class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_agent_pb2.EnrollResponse, _abc.Awaitable[_agent_pb2.EnrollResponse]]:
         """Trade a join token and a CSR for a node certificate. The private key
-        never leaves the node.
+        never leaves the node. A refused token (invalid, expired, used up, revoked or out of
+        scope) is PERMISSION_DENIED; a node name enrolled under another key is ALREADY_EXISTS.
         """
 
     @_abc_1.abstractmethod
@@ -78,7 +93,8 @@ class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_agent_pb2.ControllerMessage], _abc.AsyncIterator[_agent_pb2.ControllerMessage]]:
         """The one long-lived stream: plans, releases and commands down; events,
-        health and join material up.
+        health and join material up. The agent's first message is a Hello; the controller's is a
+        Welcome.
         """
 
     @_abc_1.abstractmethod
@@ -87,6 +103,8 @@ class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _agent_pb2.FetchAgentBundleRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_agent_pb2.BundleChunk], _abc.AsyncIterator[_agent_pb2.BundleChunk]]:
-        """The agent bundle of one version, in chunks (mTLS; only a version its plan names)."""
+        """The agent bundle of one version, in chunks (mTLS; only the version the node's plan names,
+        else PERMISSION_DENIED).
+        """
 
 def add_AgentServiceServicer_to_server(servicer: AgentServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -26,33 +26,48 @@ class _EventKind:
 class _EventKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_EventKind.ValueType], _builtins.type):
     DESCRIPTOR: _descriptor.EnumDescriptor
     EVENT_KIND_UNSPECIFIED: _EventKind.ValueType  # 0
+    """Not set; never sent."""
     EVENT_KIND_STARTED: _EventKind.ValueType  # 1
+    """A step's attempt began."""
     EVENT_KIND_OUTPUT: _EventKind.ValueType  # 2
+    """Output lines of a running step (stdout and stderr, secrets masked)."""
     EVENT_KIND_SUCCEEDED: _EventKind.ValueType  # 3
+    """A step's attempt exited 0."""
     EVENT_KIND_FAILED: _EventKind.ValueType  # 4
+    """A step's attempt failed (exit_code, message; will_retry when another attempt follows)."""
     EVENT_KIND_SKIPPED: _EventKind.ValueType  # 5
+    """A step was not run: its digest already succeeded on this node."""
     EVENT_KIND_WAITING: _EventKind.ValueType  # 6
-    """a gated step waits for the controller"""
+    """A gated step waits for the controller's Release."""
     EVENT_KIND_INFO: _EventKind.ValueType  # 7
-    """node-level: plan received, reboot, enrolled ..."""
+    """Node-level news: plan received, reboot, enrolled, upgraded ..."""
 
-class EventKind(_EventKind, metaclass=_EventKindEnumTypeWrapper): ...
+class EventKind(_EventKind, metaclass=_EventKindEnumTypeWrapper):
+    """What happened to a step (or, for INFO, to the node)."""
 
 EVENT_KIND_UNSPECIFIED: EventKind.ValueType  # 0
+"""Not set; never sent."""
 EVENT_KIND_STARTED: EventKind.ValueType  # 1
+"""A step's attempt began."""
 EVENT_KIND_OUTPUT: EventKind.ValueType  # 2
+"""Output lines of a running step (stdout and stderr, secrets masked)."""
 EVENT_KIND_SUCCEEDED: EventKind.ValueType  # 3
+"""A step's attempt exited 0."""
 EVENT_KIND_FAILED: EventKind.ValueType  # 4
+"""A step's attempt failed (exit_code, message; will_retry when another attempt follows)."""
 EVENT_KIND_SKIPPED: EventKind.ValueType  # 5
+"""A step was not run: its digest already succeeded on this node."""
 EVENT_KIND_WAITING: EventKind.ValueType  # 6
-"""a gated step waits for the controller"""
+"""A gated step waits for the controller's Release."""
 EVENT_KIND_INFO: EventKind.ValueType  # 7
-"""node-level: plan received, reboot, enrolled ..."""
+"""Node-level news: plan received, reboot, enrolled, upgraded ..."""
 Global___EventKind: _TypeAlias = EventKind  # noqa: Y015
 
 @_typing.final
 class HostFacts(_message.Message):
-    """What a node says about itself: used to render its plan and shown to operators."""
+    """What a node says about itself: used to render its plan and shown to operators.
+    The agent collects it at enrollment and on every stream's Hello.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -72,31 +87,39 @@ class HostFacts(_message.Message):
     BOOT_ID_FIELD_NUMBER: _builtins.int
     MACHINE_ID_FIELD_NUMBER: _builtins.int
     hostname: _builtins.str
+    """The machine's hostname (gethostname), also the default node name."""
     os_id: _builtins.str
-    """/etc/os-release ID, e.g. "ubuntu", "rocky", "amzn" """
+    """/etc/os-release ID, e.g. "ubuntu", "rocky", "amzn"."""
     os_version_id: _builtins.str
-    """/etc/os-release VERSION_ID, e.g. "22.04" """
+    """/etc/os-release VERSION_ID, e.g. "22.04"."""
     os_pretty: _builtins.str
-    """PRETTY_NAME"""
+    """/etc/os-release PRETTY_NAME, e.g. "Ubuntu 22.04.4 LTS" ("unknown" when missing)."""
     os_family: _builtins.str
-    """"debian" | "rhel" | "amazon" | "unknown" """
+    """The distribution family plans are rendered for: "debian" | "rhel" | "amazon" | "unknown"."""
     arch: _builtins.str
-    """"amd64" | "arm64" """
+    """The CPU architecture, Debian-style: "amd64" | "arm64"."""
     kernel: _builtins.str
-    """uname -r"""
+    """The running kernel's release (uname -r)."""
     python_version: _builtins.str
+    """The agent's Python version, e.g. "3.11.2"."""
     systemd: _builtins.bool
+    """systemd is PID 1 (/run/systemd/system exists)."""
     docker: _builtins.bool
+    """A docker binary is on the PATH."""
     nvidia_gpu: _builtins.bool
-    """an NVIDIA device is present on the PCI bus"""
+    """An NVIDIA display or 3D controller is present on the PCI bus (no driver needed)."""
     boot_id: _builtins.str
+    """/proc/sys/kernel/random/boot_id: changes on every boot (a reboot is detected by it)."""
     machine_id: _builtins.str
+    """/etc/machine-id: stable across reboots, unique per installation."""
     @_builtins.property
     def gpus(self) -> _containers.RepeatedCompositeFieldContainer[Global___Gpu]:
-        """what nvidia-smi reports, when a driver is loaded"""
+        """What nvidia-smi reports, when a driver is loaded (else empty)."""
 
     @_builtins.property
-    def addresses(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def addresses(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The node's IPv4 addresses; the one it reaches the controller from comes first."""
+
     def __init__(
         self,
         *,
@@ -126,6 +149,8 @@ Global___HostFacts: _TypeAlias = HostFacts  # noqa: Y015
 
 @_typing.final
 class Gpu(_message.Message):
+    """One NVIDIA GPU as nvidia-smi reports it."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     INDEX_FIELD_NUMBER: _builtins.int
@@ -135,11 +160,17 @@ class Gpu(_message.Message):
     MEMORY_TOTAL_MIB_FIELD_NUMBER: _builtins.int
     PCI_BUS_ID_FIELD_NUMBER: _builtins.int
     index: _builtins.int
+    """nvidia-smi's index of the device (0-based)."""
     name: _builtins.str
+    """The product name, e.g. "NVIDIA H100 80GB HBM3"."""
     uuid: _builtins.str
+    """The GPU's UUID, e.g. "GPU-5a8c..."."""
     driver_version: _builtins.str
+    """The loaded driver's version, e.g. "550.54.15"."""
     memory_total_mib: _builtins.int
+    """Total framebuffer memory in MiB."""
     pci_bus_id: _builtins.str
+    """The PCI bus id, e.g. "00000000:3B:00.0"."""
     def __init__(
         self,
         *,
@@ -160,7 +191,7 @@ Global___Gpu: _TypeAlias = Gpu  # noqa: Y015
 
 @_typing.final
 class Step(_message.Message):
-    """One step of a plan: a bash script and how to run it."""
+    """One step of a plan: a bash script and how to run it. Never holds a secret value."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -219,31 +250,51 @@ class Step(_message.Message):
     DESCRIPTION_FIELD_NUMBER: _builtins.int
     REQUESTED_FIELD_NUMBER: _builtins.int
     name: _builtins.str
+    """Unique within a plan, e.g. "kernel", "nvidia-driver", "kubeadm-join"."""
     phase: _builtins.str
+    """The phase the step belongs to: "pre-install" | "kernel" | "driver" | "runtime" | "toolkit" |
+    "kubernetes" | "reset" (a deprovision plan); shown to operators, not interpreted by the agent.
+    """
     script: _builtins.str
+    """The bash script the agent runs."""
     digest: _builtins.str
-    """sha256 hex of everything that defines the step (never a secret)"""
+    """SHA-256 hex of everything that defines the step: name, script, timeout, retries,
+    continue_on_error, reboot, gate, env and the names of secret_env (never a secret's value).
+    A step whose digest changed runs again.
+    """
     timeout_seconds: _builtins.int
-    """enforced by the agent; 0 = no limit"""
+    """Enforced by the agent, in seconds; 0 = no limit."""
     retries: _builtins.int
+    """Further attempts after a failed one (0: run once)."""
     continue_on_error: _builtins.bool
+    """A failure of this step does not fail the node; the plan goes on."""
     reboot: _builtins.bool
-    """the node reboots after the step succeeds"""
+    """The node reboots after the step succeeds; the plan resumes after the reboot."""
     gate: _builtins.str
-    """non-empty: the agent waits for a Release before running it"""
+    """Non-empty: the agent sends a GateRequest and waits for a Release before running the step
+    (e.g. "cluster-join", "cluster-drain", "cluster-uncordon", "cluster-delete-node").
+    """
     component: _builtins.str
+    """The component the step installs or configures (e.g. "nvidia-driver", "containerd",
+    "kubernetes").
+    """
     description: _builtins.str
+    """One line for operators: what the step does."""
     @_builtins.property
     def env(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
-        """non-secret environment"""
+        """Non-secret environment variables of the script."""
 
     @_builtins.property
     def secret_env(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """names of environment values delivered just in time"""
+        """Names of environment variables whose values the controller delivers just in time, in the
+        step's Release (their values are masked in every output line).
+        """
 
     @_builtins.property
     def requested(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
-        """what the spec asks for (versions, sources): shown beside observed"""
+        """What the spec asks for (versions, sources): shown beside what the step observed
+        (Event.observed); informational, not part of the digest.
+        """
 
     def __init__(
         self,
@@ -273,6 +324,8 @@ Global___Step: _TypeAlias = Step  # noqa: Y015
 
 @_typing.final
 class Plan(_message.Message):
+    """The ordered steps rendered for one node, and the agent version it should run."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     GENERATION_FIELD_NUMBER: _builtins.int
@@ -283,16 +336,24 @@ class Plan(_message.Message):
     AGENT_FIELD_NUMBER: _builtins.int
     DEPROVISION_FIELD_NUMBER: _builtins.int
     generation: _builtins.int
+    """The environment generation the plan was rendered from."""
     digest: _builtins.str
+    """SHA-256 hex over the steps' digests (and the agent target, and a deprovision): equal
+    digests are the same plan.
+    """
     environment: _builtins.str
+    """The environment the node belongs to."""
     role: _builtins.str
+    """The node's role: "control-plane" | "worker"."""
     deprovision: _builtins.bool
     """A reset: run these steps (leave the cluster), then remove the agent, its config and state."""
     @_builtins.property
-    def steps(self) -> _containers.RepeatedCompositeFieldContainer[Global___Step]: ...
+    def steps(self) -> _containers.RepeatedCompositeFieldContainer[Global___Step]:
+        """The steps in the order the agent runs them."""
+
     @_builtins.property
     def agent(self) -> Global___AgentTarget:
-        """The agent version this node should run (empty: keep the running one). An agent that runs
+        """The agent version this node should run (unset: keep the running one). An agent that runs
         another version upgrades itself before its next step, never in the middle of one.
         """
 
@@ -317,15 +378,19 @@ Global___Plan: _TypeAlias = Plan  # noqa: Y015
 
 @_typing.final
 class AgentTarget(_message.Message):
+    """An agent version a plan asks for, and how to check its bundle."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     VERSION_FIELD_NUMBER: _builtins.int
     SHA256_FIELD_NUMBER: _builtins.int
     SIZE_FIELD_NUMBER: _builtins.int
     version: _builtins.str
+    """The agent version, e.g. "0.9.0"."""
     sha256: _builtins.str
-    """of the bundle AgentService.FetchAgentBundle streams"""
+    """SHA-256 hex of the bundle AgentService.FetchAgentBundle streams."""
     size: _builtins.int
+    """The bundle's size in bytes."""
     def __init__(
         self,
         *,
@@ -343,7 +408,7 @@ Global___AgentTarget: _TypeAlias = AgentTarget  # noqa: Y015
 
 @_typing.final
 class Event(_message.Message):
-    """A step event. seq is per node, assigned by the agent, never reused."""
+    """A step or node event, as the agent reported it."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -382,24 +447,36 @@ class Event(_message.Message):
     NODE_FIELD_NUMBER: _builtins.int
     WILL_RETRY_FIELD_NUMBER: _builtins.int
     seq: _builtins.int
+    """Per node, assigned by the agent, increasing by 1, never reused (also across re-enrollment)."""
     time_ms: _builtins.int
+    """When it happened on the node: milliseconds since the Unix epoch."""
     kind: Global___EventKind.ValueType
+    """What happened."""
     step: _builtins.str
+    """The step's name ("" for node-level INFO events)."""
     digest: _builtins.str
+    """The step's digest at the time."""
     attempt: _builtins.int
+    """The attempt, from 1 (0 for events outside an attempt)."""
     exit_code: _builtins.int
+    """The script's exit code (FAILED and SUCCEEDED)."""
     message: _builtins.str
+    """A human-readable summary, e.g. why the step failed."""
     plan_generation: _builtins.int
+    """The generation of the plan the step belongs to."""
     duration_seconds: _builtins.float
+    """SUCCEEDED and FAILED: how long the attempt ran, in seconds."""
     node: _builtins.str
-    """filled by the controller on admin reads"""
+    """The node's name: filled by the controller on admin reads ("" from the agent)."""
     will_retry: _builtins.bool
-    """a failed attempt that the agent retries"""
+    """A failed attempt that the agent retries (another STARTED follows)."""
     @_builtins.property
-    def lines(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def lines(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """OUTPUT: the lines printed, secrets masked, each cut to the line limit."""
+
     @_builtins.property
     def observed(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
-        """provenance: what the step found installed"""
+        """Provenance: what the step found installed (e.g. driver version), from its outputs."""
 
     def __init__(
         self,
@@ -429,6 +506,8 @@ Global___Event: _TypeAlias = Event  # noqa: Y015
 
 @_typing.final
 class ClusterNode(_message.Message):
+    """A Kubernetes node as `kubectl get nodes` on a control plane reports it."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     NAME_FIELD_NUMBER: _builtins.int
@@ -437,11 +516,17 @@ class ClusterNode(_message.Message):
     INTERNAL_IP_FIELD_NUMBER: _builtins.int
     ROLES_FIELD_NUMBER: _builtins.int
     name: _builtins.str
+    """The Kubernetes node name."""
     ready: _builtins.bool
+    """Its Ready condition is True."""
     version: _builtins.str
+    """The kubelet's version, e.g. "v1.30.2"."""
     internal_ip: _builtins.str
+    """Its InternalIP address."""
     @_builtins.property
-    def roles(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def roles(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Its node-role.kubernetes.io/ labels, without the prefix, e.g. "control-plane"."""
+
     def __init__(
         self,
         *,
@@ -469,10 +554,13 @@ class ClusterView(_message.Message):
     NODES_FIELD_NUMBER: _builtins.int
     TIME_MS_FIELD_NUMBER: _builtins.int
     api_server: _builtins.str
-    """"running" | "unreachable" | "unknown" """
+    """The API server: "running" | "unreachable" | "unknown"."""
     time_ms: _builtins.int
+    """When it was observed: milliseconds since the Unix epoch."""
     @_builtins.property
-    def nodes(self) -> _containers.RepeatedCompositeFieldContainer[Global___ClusterNode]: ...
+    def nodes(self) -> _containers.RepeatedCompositeFieldContainer[Global___ClusterNode]:
+        """Every node the API server lists."""
+
     def __init__(
         self,
         *,
@@ -490,7 +578,7 @@ Global___ClusterView: _TypeAlias = ClusterView  # noqa: Y015
 
 @_typing.final
 class Health(_message.Message):
-    """Periodic node health."""
+    """Periodic node health, sent every Settings.heartbeat_seconds."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -531,26 +619,45 @@ class Health(_message.Message):
     SERVICES_FIELD_NUMBER: _builtins.int
     CLUSTER_FIELD_NUMBER: _builtins.int
     time_ms: _builtins.int
+    """When it was collected: milliseconds since the Unix epoch."""
     os: _builtins.str
+    """The OS's PRETTY_NAME, e.g. "Ubuntu 22.04.4 LTS"."""
     arch: _builtins.str
+    """The CPU architecture: "amd64" | "arm64"."""
     kernel: _builtins.str
+    """The running kernel's release (uname -r)."""
     uptime_seconds: _builtins.float
+    """Seconds since boot (/proc/uptime)."""
     load1: _builtins.float
+    """Load average over 1 minute."""
     load5: _builtins.float
+    """Load average over 5 minutes."""
     load15: _builtins.float
+    """Load average over 15 minutes."""
     memory_total_bytes: _builtins.int
+    """MemTotal, in bytes."""
     memory_available_bytes: _builtins.int
+    """MemAvailable, in bytes."""
     disk_total_bytes: _builtins.int
+    """Size of the file system holding the agent's state directory, in bytes."""
     disk_free_bytes: _builtins.int
+    """Free bytes on that file system."""
     agent_version: _builtins.str
+    """The running agent's version."""
     @_builtins.property
-    def gpus(self) -> _containers.RepeatedCompositeFieldContainer[Global___Gpu]: ...
-    @_builtins.property
-    def services(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
-        """e.g. kubelet -> active, containerd -> active"""
+    def gpus(self) -> _containers.RepeatedCompositeFieldContainer[Global___Gpu]:
+        """What nvidia-smi reports now."""
 
     @_builtins.property
-    def cluster(self) -> Global___ClusterView: ...
+    def services(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """systemd units' states, e.g. kubelet -> active, containerd -> active (inactive or missing
+        units are left out).
+        """
+
+    @_builtins.property
+    def cluster(self) -> Global___ClusterView:
+        """The cluster as this node sees it: control planes only (unset elsewhere)."""
+
     def __init__(
         self,
         *,
