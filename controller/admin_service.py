@@ -6,11 +6,19 @@ import contextlib
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
-from tether.controller import __version__, admin_rollouts, tokens, wire
+from tether.controller import __version__, admin_rollouts, audit, paging, tokens, wire
 from tether.controller.agent_service import AgentService
 from tether.controller.app import App
+from tether.controller.audit import audited
+from tether.controller.auth import Principal
 from tether.controller.documents import DocumentParser
-from tether.controller.errors import FailedPrecondition, InvalidArgument, NotFound
+from tether.controller.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    check_generation,
+)
 from tether.controller.nodestate import node_state
 from tether.controller.rpc import stream, unary
 from tether.controller.store.records import NodeRecord
@@ -27,10 +35,32 @@ class AdminService(wire.AdminServiceServicer):
         self.agents = agents
         self.documents = DocumentParser(app.config.max_document_bytes)
 
-    def _caller(self, context: Any, *, write: bool) -> str:
+    def _caller(self, context: Any, *, write: bool) -> Principal:
         principal = self.app.auth.principal(context)
         principal.require_admin(write=write)
-        return principal.name
+        return principal
+
+    # Scopes (docs/admin-api.md, "Scopes"): an environment outside the caller's is PERMISSION_DENIED
+    # whether or not it exists; a node or token is looked up first (NOT_FOUND), then refused when
+    # it belongs to an environment outside the scope. Each check names its target for the audit log.
+
+    @staticmethod
+    def _in_scope(who: Principal, environment: str) -> str:
+        audit.note(environment=environment)
+        who.require_environment(environment)
+        return environment
+
+    def _scoped_node(self, who: Principal, name: str) -> NodeRecord:
+        audit.note(node=name)
+        node = self.app.store.get_node(name)
+        if node is None:
+            raise NotFound(f"node {name!r} not found")
+        audit.note(environment=node.environment)
+        if not who.may_see(node.environment):
+            raise PermissionDenied(
+                f"admin {who.name!r} may not use node {name!r}: its environment is outside the admin's scope"
+            )
+        return node
 
     @unary
     async def GetVersion(self, request: wire.admin.GetVersionRequest, context: Any) -> Any:
@@ -40,15 +70,17 @@ class AdminService(wire.AdminServiceServicer):
     # -- environments -------------------------------------------------------------------------
 
     @unary
+    @audited(generations=True, unless=lambda q: q.dry_run, describe=lambda q, r: _changed(r.changed))
     async def ApplyEnvironment(
         self, request: wire.admin.ApplyEnvironmentRequest, context: Any
     ) -> wire.admin.ApplyEnvironmentResponse:
         who = self._caller(context, write=not request.dry_run)
         loaded = await self.documents.parse(request.document)  # raises with every problem
-        name = loaded.spec.name
+        name = self._in_scope(who, loaded.spec.name)
         app = self.app
         if request.dry_run:
             existing = app.store.get_environment(name)
+            check_generation(name, existing.generation if existing else None, request.expected_generation)
             return wire.admin.ApplyEnvironmentResponse(
                 environment=wire.admin.Environment(
                     name=name,
@@ -60,12 +92,20 @@ class AdminService(wire.AdminServiceServicer):
                 notes=list(loaded.notes),
             )
         before = app.store.get_environment(name)
-        record, changed = await app.store.put_environment(
-            name, request.document, loaded.api_version, loaded.normalized
+        record, changed = await app.store.put_environment(  # Aborted at a stale expected_generation
+            name,
+            request.document,
+            loaded.api_version,
+            loaded.normalized,
+            expected_generation=request.expected_generation,
         )
         app.planner.remember(record, loaded)  # plans render without parsing it again
         log.info(
-            "environment applied", environment=name, generation=record.generation, changed=changed, by=who
+            "environment applied",
+            environment=name,
+            generation=record.generation,
+            changed=changed,
+            by=who.name,
         )
         if changed:
             await app.rollouts.start(record, before.generation if before else 0)
@@ -80,7 +120,7 @@ class AdminService(wire.AdminServiceServicer):
     async def GetEnvironment(
         self, request: wire.admin.GetEnvironmentRequest, context: Any
     ) -> wire.admin.Environment:
-        self._caller(context, write=False)
+        self._in_scope(self._caller(context, write=False), request.name)
         env = self.app.store.get_environment(request.name)
         if env is None:
             raise NotFound(f"environment {request.name!r} not found")
@@ -90,19 +130,27 @@ class AdminService(wire.AdminServiceServicer):
     async def ListEnvironments(
         self, request: wire.admin.ListEnvironmentsRequest, context: Any
     ) -> wire.admin.ListEnvironmentsResponse:
-        self._caller(context, write=False)
+        who = self._caller(context, write=False)
         store = self.app.store
+        page = paging.PageRequest.parse("ListEnvironments", request.page_size, request.page_token)
+        visible = (e for e in store.list_environments() if who.may_see(e.name))
+        result = paging.take(
+            paging.after(visible, page.after, key=lambda e: e.name),
+            page,
+            key=lambda e: e.name,
+            encode=lambda e: wire.environment_to_pb(e, len(store.list_nodes(e.name))),
+        )
         return wire.admin.ListEnvironmentsResponse(
-            environments=[
-                wire.environment_to_pb(e, len(store.list_nodes(e.name))) for e in store.list_environments()
-            ]
+            environments=result.items, next_page_token=result.next_page_token
         )
 
     @unary
+    @audited(generations=True, describe=lambda q, r: "reset its nodes first" if q.reset else "deleted")
     async def DeleteEnvironment(
         self, request: wire.admin.DeleteEnvironmentRequest, context: Any
     ) -> wire.admin.DeleteEnvironmentResponse:
         who = self._caller(context, write=True)
+        self._in_scope(who, request.name)
         store, resets = self.app.store, self.agents.resets
         if store.get_environment(request.name) is None:
             raise NotFound(f"environment {request.name!r} not found")
@@ -117,13 +165,13 @@ class AdminService(wire.AdminServiceServicer):
         log.info(
             "environment delete",
             environment=request.name,
-            by=who,
+            by=who.name,
             nodes=len(nodes),
             how="reset" if request.reset and live else "delete",
         )
         if request.reset and live:
             for node in live:
-                await self._reset(node, who)
+                await self._reset(node, who.name)
             for node in nodes:
                 if node.revoked:
                     await resets.forget(node)  # a revoked agent runs nothing: there is nothing to reset
@@ -137,10 +185,12 @@ class AdminService(wire.AdminServiceServicer):
     # -- tokens -------------------------------------------------------------------------------
 
     @unary
+    @audited(describe=lambda q, r: _token_detail(r.info))
     async def CreateToken(
         self, request: wire.admin.CreateTokenRequest, context: Any
     ) -> wire.admin.CreateTokenResponse:
         who = self._caller(context, write=True)
+        self._in_scope(who, request.environment)
         app = self.app
         if app.store.get_environment(request.environment) is None:
             raise NotFound(f"environment {request.environment!r} not found")
@@ -176,7 +226,7 @@ class AdminService(wire.AdminServiceServicer):
             role=role,
             uses=uses,
             ttl_seconds=ttl,
-            by=who,
+            by=who.name,
         )
         return wire.admin.CreateTokenResponse(
             token=token.reveal(),
@@ -189,19 +239,33 @@ class AdminService(wire.AdminServiceServicer):
     async def ListTokens(
         self, request: wire.admin.ListTokensRequest, context: Any
     ) -> wire.admin.ListTokensResponse:
-        self._caller(context, write=False)
-        return wire.admin.ListTokensResponse(
-            tokens=[wire.token_to_pb(t) for t in self.app.store.list_tokens(request.environment)]
+        who = self._caller(context, write=False)
+        if request.environment:
+            self._in_scope(who, request.environment)
+        page = paging.PageRequest.parse(
+            "ListTokens", request.page_size, request.page_token, environment=request.environment
         )
 
+        def key(t: tokens.TokenRecord) -> str:  # oldest first, as created; the id breaks a tie
+            return f"{t.created_ms:016d}.{t.id}"
+
+        visible = [t for t in self.app.store.list_tokens(request.environment) if who.may_see(t.environment)]
+        listed = sorted(visible, key=key)
+        result = paging.take(paging.after(listed, page.after, key), page, key, wire.token_to_pb)
+        return wire.admin.ListTokensResponse(tokens=result.items, next_page_token=result.next_page_token)
+
     @unary
+    @audited(describe=lambda q, r: f"token {q.id} revoked")
     async def RevokeToken(
         self, request: wire.admin.RevokeTokenRequest, context: Any
     ) -> wire.admin.RevokeTokenResponse:
         who = self._caller(context, write=True)
+        held = self.app.store.get_token(request.id)
+        if held is not None:
+            self._in_scope(who, held.environment)
         if not await self.app.store.revoke_token(request.id):
             raise NotFound(f"token {request.id!r} not found")
-        log.info("join token revoked", token_id=request.id, by=who)
+        log.info("join token revoked", token_id=request.id, by=who.name)
         return wire.admin.RevokeTokenResponse()
 
     # -- nodes --------------------------------------------------------------------------------
@@ -240,41 +304,46 @@ class AdminService(wire.AdminServiceServicer):
     async def ListNodes(
         self, request: wire.admin.ListNodesRequest, context: Any
     ) -> wire.admin.ListNodesResponse:
-        self._caller(context, write=False)
-        return wire.admin.ListNodesResponse(
-            nodes=[self._node_pb(n, detail=False) for n in self.app.store.list_nodes(request.environment)]
-        )
+        who = self._caller(context, write=False)
+        env = self._in_scope(who, request.environment) if request.environment else ""
+        page = paging.PageRequest.parse("ListNodes", request.page_size, request.page_token, environment=env)
+
+        def key(n: NodeRecord) -> str:
+            return n.name
+
+        def fetch(after: str, limit: int) -> list[NodeRecord]:
+            return self.app.store.list_nodes_page(env, after, limit)
+
+        nodes = paging.keyset(fetch, page.after, page.size + 1, key)  # read as far as the page goes
+        visible = (n for n in nodes if who.may_see(n.environment))
+        result = paging.take(visible, page, key, lambda n: self._node_pb(n, detail=False))
+        return wire.admin.ListNodesResponse(nodes=result.items, next_page_token=result.next_page_token)
 
     @unary
     async def GetNode(self, request: wire.admin.GetNodeRequest, context: Any) -> wire.admin.Node:
-        self._caller(context, write=False)
-        node = self.app.store.get_node(request.name)
-        if node is None:
-            raise NotFound(f"node {request.name!r} not found")
+        node = self._scoped_node(self._caller(context, write=False), request.name)
         return self._node_pb(node, detail=True)
 
     @unary
+    @audited(describe=lambda q, r: "revoked")
     async def RevokeNode(
         self, request: wire.admin.RevokeNodeRequest, context: Any
     ) -> wire.admin.RevokeNodeResponse:
         who = self._caller(context, write=True)
-        node = self.app.store.get_node(request.name)
-        if node is None:
-            raise NotFound(f"node {request.name!r} not found")
+        node = self._scoped_node(who, request.name)
         await self.app.store.update_node(node.name, revoked=True)
         await self.app.cluster.node_revoked(node)
         session = self.app.hub.session(node.name)
         if session is not None:
             session.close()
-        log.info("node revoked", node=node.name, by=who)
+        log.info("node revoked", node=node.name, by=who.name)
         return wire.admin.RevokeNodeResponse()
 
     @unary
+    @audited(describe=lambda q, r: "deleted (revoked first)" if q.force else "deleted")
     async def DeleteNode(self, request: wire.admin.DeleteNodeRequest, context: Any) -> Any:
         who = self._caller(context, write=True)
-        node = self.app.store.get_node(request.name)
-        if node is None:
-            raise NotFound(f"node {request.name!r} not found")
+        node = self._scoped_node(who, request.name)
         if not node.revoked and self.app.hub.connected(node.name) and not request.force:
             raise FailedPrecondition(
                 f"node {node.name!r} is connected: --force revokes it first "
@@ -283,21 +352,20 @@ class AdminService(wire.AdminServiceServicer):
         if not node.revoked:
             await self.agents.resets.revoke(node)  # its agent stops; it cannot come back under it
         await self.agents.resets.forget(node)
-        log.info("node deleted", node=node.name, environment=node.environment, by=who)
+        log.info("node deleted", node=node.name, environment=node.environment, by=who.name)
         return wire.admin.DeleteNodeResponse()
 
     @unary
+    @audited(describe=lambda q, r: "reset started")
     async def ResetNode(self, request: wire.admin.ResetNodeRequest, context: Any) -> Any:
         who = self._caller(context, write=True)
-        node = self.app.store.get_node(request.name)
-        if node is None:
-            raise NotFound(f"node {request.name!r} not found")
+        node = self._scoped_node(who, request.name)
         if node.revoked:
             raise FailedPrecondition(
                 f"node {node.name!r} is revoked: its agent runs nothing any more "
                 f"(tetherctl node delete {node.name} forgets it)"
             )
-        await self._reset(node, who)
+        await self._reset(node, who.name)
         return wire.admin.ResetNodeResponse()
 
     async def _reset(self, node: NodeRecord, who: str) -> None:
@@ -312,13 +380,12 @@ class AdminService(wire.AdminServiceServicer):
         await self.agents.push_plan(node.name)
 
     @unary
+    @audited(describe=lambda q, r: f"steps: {', '.join(q.steps) or 'all'}")
     async def RerunSteps(
         self, request: wire.admin.RerunStepsRequest, context: Any
     ) -> wire.admin.RerunStepsResponse:
         who = self._caller(context, write=True)
-        node = self.app.store.get_node(request.node)
-        if node is None:
-            raise NotFound(f"node {request.node!r} not found")
+        node = self._scoped_node(who, request.node)
         known = {s.name for s in self.app.store.node_steps(node.name)}
         unknown = [s for s in request.steps if s not in known]
         if unknown:
@@ -334,7 +401,7 @@ class AdminService(wire.AdminServiceServicer):
                 )
             ),
         )
-        log.info("rerun requested", node=node.name, steps=list(request.steps), by=who)
+        log.info("rerun requested", node=node.name, steps=list(request.steps), by=who.name)
         return wire.admin.RerunStepsResponse()
 
     # -- events -------------------------------------------------------------------------------
@@ -343,9 +410,7 @@ class AdminService(wire.AdminServiceServicer):
     async def ListEvents(
         self, request: wire.admin.ListEventsRequest, context: Any
     ) -> wire.admin.ListEventsResponse:
-        self._caller(context, write=False)
-        if self.app.store.get_node(request.node) is None:
-            raise NotFound(f"node {request.node!r} not found")
+        self._scoped_node(self._caller(context, write=False), request.node)
         limit = min(request.limit or MAX_EVENTS, MAX_EVENTS)
         events = self.app.store.list_events(request.node, request.after_seq, limit)
         return wire.admin.ListEventsResponse(
@@ -354,13 +419,13 @@ class AdminService(wire.AdminServiceServicer):
 
     @stream
     async def FollowEvents(self, request: wire.admin.ListEventsRequest, context: Any) -> AsyncIterator[Any]:
-        self._caller(context, write=False)
+        who = self._caller(context, write=False)
         app = self.app
         if request.node:
-            if app.store.get_node(request.node) is None:
-                raise NotFound(f"node {request.node!r} not found")
+            self._scoped_node(who, request.node)
             nodes, key = [request.node], f"node:{request.node}"
         elif request.environment:
+            self._in_scope(who, request.environment)
             nodes, key = (
                 [n.name for n in app.store.list_nodes(request.environment)],
                 f"env:{request.environment}",
@@ -405,19 +470,17 @@ class AdminService(wire.AdminServiceServicer):
 
     @unary
     async def RenderPlan(self, request: wire.admin.RenderPlanRequest, context: Any) -> Any:
-        self._caller(context, write=False)
+        who = self._caller(context, write=False)
         app = self.app
         if request.node:
             if request.cluster_position:
                 raise InvalidArgument("cluster_position previews an environment; a node has its own")
-            node = app.store.get_node(request.node)
-            if node is None:
-                raise NotFound(f"node {request.node!r} not found")
+            node = self._scoped_node(who, request.node)
             plan = app.planner.plan(
                 node.environment, node.role, facts_from_dict(node.facts), app.cluster.peek(node)
             )
         else:
-            env = app.store.get_environment(request.environment)
+            env = app.store.get_environment(self._in_scope(who, request.environment))
             if env is None:
                 raise NotFound(f"environment {request.environment!r} not found")
             try:
@@ -434,33 +497,42 @@ class AdminService(wire.AdminServiceServicer):
 
     @unary
     async def DiffEnvironment(self, request: wire.admin.DiffEnvironmentRequest, context: Any) -> Any:
-        self._caller(context, write=False)
+        who = self._caller(context, write=False)
         loaded = await self.documents.parse(request.document)
+        self._in_scope(who, loaded.spec.name)
         return admin_rollouts.diff(self.app, loaded, request.document)
 
     @unary
     async def GetRollout(self, request: wire.admin.GetRolloutRequest, context: Any) -> Any:
-        self._caller(context, write=False)
+        self._in_scope(self._caller(context, write=False), request.environment)
         return admin_rollouts.rollout_to_pb(self.app.rollouts.existing(request.environment))
 
     @unary
+    @audited(describe=lambda q, r: _rollout_detail(r))
     async def PauseRollout(self, request: wire.admin.RolloutRequest, context: Any) -> Any:
         who = self._caller(context, write=True)
-        return admin_rollouts.rollout_to_pb(await self.app.rollouts.pause(request.environment, who))
+        self._in_scope(who, request.environment)
+        return admin_rollouts.rollout_to_pb(await self.app.rollouts.pause(request.environment, who.name))
 
     @unary
+    @audited(describe=lambda q, r: _rollout_detail(r))
     async def ResumeRollout(self, request: wire.admin.RolloutRequest, context: Any) -> Any:
         who = self._caller(context, write=True)
-        return admin_rollouts.rollout_to_pb(await self.app.rollouts.resume(request.environment, who))
+        self._in_scope(who, request.environment)
+        return admin_rollouts.rollout_to_pb(await self.app.rollouts.resume(request.environment, who.name))
 
     @unary
+    @audited(describe=lambda q, r: _rollout_detail(r))
     async def AbortRollout(self, request: wire.admin.RolloutRequest, context: Any) -> Any:
         who = self._caller(context, write=True)
-        return admin_rollouts.rollout_to_pb(await self.app.rollouts.abort(request.environment, who))
+        self._in_scope(who, request.environment)
+        return admin_rollouts.rollout_to_pb(await self.app.rollouts.abort(request.environment, who.name))
 
     @unary
+    @audited(generations=True, describe=lambda q, r: _rollout_detail(r))
     async def UndoRollout(self, request: wire.admin.RolloutRequest, context: Any) -> Any:
         who = self._caller(context, write=True)
+        self._in_scope(who, request.environment)
         app = self.app
         current = app.rollouts.existing(request.environment)
         prev = app.rollouts.previous(request.environment)
@@ -476,14 +548,16 @@ class AdminService(wire.AdminServiceServicer):
             environment=record.name,
             generation=record.generation,
             document_of=prev.generation,
-            by=who,
+            by=who.name,
         )
         r = await app.rollouts.start(record, current.generation, policy=current.policy)
         return admin_rollouts.rollout_to_pb(r)
 
     @unary
+    @audited(generations=True, describe=lambda q, r: f"agent version {q.version or __version__}")
     async def UpgradeAgents(self, request: wire.admin.UpgradeAgentsRequest, context: Any) -> Any:
         who = self._caller(context, write=True)
+        self._in_scope(who, request.environment)
         app = self.app
         env = app.store.get_environment(request.environment)
         if env is None:
@@ -493,7 +567,9 @@ class AdminService(wire.AdminServiceServicer):
         record, changed = await app.store.put_environment(
             env.name, env.document, env.api_version, env.spec, agent_version=version
         )
-        log.info("agent upgrade", environment=env.name, version=version, generation=record.generation, by=who)
+        log.info(
+            "agent upgrade", environment=env.name, version=version, generation=record.generation, by=who.name
+        )
         if changed:
             return admin_rollouts.rollout_to_pb(await app.rollouts.start(record, env.generation))
         return admin_rollouts.rollout_to_pb(app.rollouts.existing(env.name))
@@ -521,45 +597,88 @@ class AdminService(wire.AdminServiceServicer):
             ]
         )
 
+    # -- audit log ----------------------------------------------------------------------------
+
+    @unary
+    async def ListAuditRecords(self, request: wire.admin.ListAuditRecordsRequest, context: Any) -> Any:
+        """Who changed what, newest first; a scoped admin sees its environments' records only."""
+        return audit.list_records(self.app, self._caller(context, write=False), request)
+
     # -- clusters -----------------------------------------------------------------------------
 
-    def _cluster_env(self, name: str) -> str:
-        if self.app.store.get_environment(name) is None:
+    def _cluster_env(self, who: Principal, name: str) -> str:
+        if self.app.store.get_environment(self._in_scope(who, name)) is None:
             raise NotFound(f"environment {name!r} not found")
         return name
 
     @unary
     async def GetClusterHealth(self, request: wire.admin.GetClusterHealthRequest, context: Any) -> Any:
-        self._caller(context, write=False)
-        report = self.app.cluster.health(self._cluster_env(request.environment))
+        who = self._caller(context, write=False)
+        report = self.app.cluster.health(self._cluster_env(who, request.environment))
         return wire.cluster_health_to_pb(report)
 
     @unary
+    @audited(describe=lambda q, r: "kubeconfig exported")
     async def GetKubeconfig(self, request: wire.admin.GetKubeconfigRequest, context: Any) -> Any:
         who = self._caller(context, write=True)  # it grants cluster-admin: admins only
-        text = self.app.cluster.kubeconfig(self._cluster_env(request.environment), request.server)
-        log.info("kubeconfig exported", environment=request.environment, by=who)
+        text = self.app.cluster.kubeconfig(self._cluster_env(who, request.environment), request.server)
+        log.info("kubeconfig exported", environment=request.environment, by=who.name)
         return wire.admin.GetKubeconfigResponse(kubeconfig=text)
 
     @unary
+    @audited(describe=lambda q, r: "join material expired")
     async def ExpireJoinMaterial(self, request: wire.admin.ExpireJoinMaterialRequest, context: Any) -> Any:
         who = self._caller(context, write=True)
-        await self.app.cluster.forget_material(self._cluster_env(request.environment))
-        log.info("join material expired by an operator", environment=request.environment, by=who)
+        await self.app.cluster.forget_material(self._cluster_env(who, request.environment))
+        log.info("join material expired by an operator", environment=request.environment, by=who.name)
         return wire.admin.ExpireJoinMaterialResponse()
 
     @stream
+    @audited(describe=lambda q, last: f"{last.target}: {last.outcome or last.kind}" if last else "")
     async def Bootstrap(self, request: wire.admin.BootstrapRequest, context: Any) -> AsyncIterator[Any]:
         """Adopt a machine over SSH or SSM; the request's credentials live for this call only."""
-        who = self._caller(context, write=True)
+        who = self._caller(context, write=True)  # its environment's scope: bootstrap_service.run
         from tether.controller import bootstrap_service  # the bootstrap pulls asyncssh/boto3: only when used
 
         async for event in bootstrap_service.run(self.app, request, who):
             yield event
 
+    # -- watches ------------------------------------------------------------------------------
+
+    @stream
+    async def WatchNodes(self, request: wire.admin.WatchNodesRequest, context: Any) -> AsyncIterator[Any]:
+        """The node list, then every state change (or those after a revision): tether.controller.nodewatch."""
+        principal = self.app.auth.principal(context)
+        principal.require_admin(write=False)
+        if request.environment:
+            principal.require_environment(request.environment)
+        if self.app.watch is None:
+            raise FailedPrecondition("this controller keeps no node watch")
+        node_pb = lambda record: self._node_pb(record, detail=False)  # noqa: E731
+        async for event in self.app.watch.events(
+            request.environment, request.revision, principal.environments, node_pb
+        ):
+            yield event
+
 
 def _named(e: Event, node: str) -> Event:
     return e if e.node else Event(**{**e.__dict__, "node": node})
+
+
+# -- audit details (never a secret: ids, counts and states only) ---------------------------------
+
+
+def _changed(changed: bool) -> str:
+    return "applied" if changed else "applied, nothing changed"
+
+
+def _token_detail(t: Any) -> str:
+    only = f", only node {t.node_name}" if t.node_name else ""
+    return f"token {t.id}: role {t.role}, {t.max_uses} use(s){only}"
+
+
+def _rollout_detail(r: Any) -> str:
+    return f"rollout of generation {r.generation} (from {r.from_generation}): {r.state}"
 
 
 __all__ = ["AdminService"]

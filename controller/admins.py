@@ -3,8 +3,13 @@
 ``tether-controller admin issue`` records every certificate it signs (so does the first start,
 for ``admin.conf``); ``tether-controller admin revoke`` marks one revoked. The running
 controller re-reads the file when it changes (looked at no more than once a second) and
-refuses a revoked certificate on the next call it makes. The file holds fingerprints, names
-and dates, never a key.
+refuses a revoked certificate on the next call it makes. The file holds fingerprints, names,
+roles, scopes and dates, never a key.
+
+A certificate's scope (``admin issue --environments a,b``: the environments it may use; none
+recorded: every one) is recorded here too, and this record is what the controller enforces: a
+certificate whose own list of environments differs from its record is refused (see
+``tether.controller.auth``). A scope is not changed in place: issue a new certificate, revoke the old.
 """
 
 from __future__ import annotations
@@ -15,8 +20,8 @@ import fcntl
 import json
 import os
 import time
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from tether.controller.ca import IssuedCert
@@ -36,6 +41,7 @@ class AdminEntry:
     not_after: str  # ISO 8601, UTC
     issued_at: str
     revoked_at: str = ""
+    environments: list[str] = field(default_factory=list)  # its scope; empty: every environment
 
     @property
     def revoked(self) -> bool:
@@ -46,16 +52,32 @@ def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat()
 
 
+def parse_environments(text: str) -> list[str]:
+    """``gpu-lab,staging`` as a sorted list of environment names (each checked); "" -> []."""
+    from tether.controller.spec.load import NAME_RE  # the one rule for an environment's name
+
+    names = sorted({n.strip() for n in text.split(",") if n.strip()})
+    bad = [n for n in names if not NAME_RE.fullmatch(n)]
+    if bad:
+        raise InvalidArgument(
+            f"{bad[0]!r} is not an environment name (lowercase letters, digits and '-', at most 63)"
+        )
+    return names
+
+
 class AdminRegistry:
     def __init__(self, pki_dir: Path) -> None:
         self.path = pki_dir / FILE_NAME
         self._revoked: frozenset[str] = frozenset()
+        self._scopes: dict[str, frozenset[str]] = {}
         self._stamp: tuple[int, int] | None = None
         self._checked = float("-inf")
 
     # -- writers (the tether-controller admin CLI, and the first start) --------------------------
 
-    def record(self, name: str, role: str, issued: IssuedCert) -> AdminEntry:
+    def record(
+        self, name: str, role: str, issued: IssuedCert, environments: Iterable[str] = ()
+    ) -> AdminEntry:
         not_after = dt.datetime.fromtimestamp(issued.not_after_ms / 1000, dt.timezone.utc)
         entry = AdminEntry(
             fingerprint=issued.fingerprint,
@@ -64,6 +86,7 @@ class AdminRegistry:
             serial=f"{issued.serial:x}",
             not_after=not_after.replace(microsecond=0).isoformat(),
             issued_at=_now(),
+            environments=sorted(set(environments)),
         )
         with self._locked() as entries:
             entries.append(entry)
@@ -107,18 +130,30 @@ class AdminRegistry:
 
     def is_revoked(self, fingerprint: str) -> bool:
         """For every admin call: cheap, and no older than RELOAD_SECONDS."""
-        now = time.monotonic()
-        if now - self._checked >= RELOAD_SECONDS:
-            self._checked = now
-            try:
-                st = self.path.stat()
-                stamp: tuple[int, int] | None = (st.st_mtime_ns, st.st_size)
-            except FileNotFoundError:
-                stamp = None
-            if stamp != self._stamp:
-                self._revoked = frozenset(e.fingerprint for e in self._read() if e.revoked)
-                self._stamp = stamp
+        self._refresh()
         return fingerprint in self._revoked
+
+    def scope_of(self, fingerprint: str) -> frozenset[str] | None:
+        """The environments recorded for a certificate (empty: every one); None: never recorded.
+        For every admin call, like ``is_revoked``."""
+        self._refresh()
+        return self._scopes.get(fingerprint)
+
+    def _refresh(self) -> None:
+        now = time.monotonic()
+        if now - self._checked < RELOAD_SECONDS:
+            return
+        self._checked = now
+        try:
+            st = self.path.stat()
+            stamp: tuple[int, int] | None = (st.st_mtime_ns, st.st_size)
+        except FileNotFoundError:
+            stamp = None
+        if stamp != self._stamp:
+            entries = self._read()
+            self._revoked = frozenset(e.fingerprint for e in entries if e.revoked)
+            self._scopes = {e.fingerprint: frozenset(e.environments) for e in entries}
+            self._stamp = stamp
 
     def _read(self) -> list[AdminEntry]:
         try:

@@ -11,6 +11,7 @@ from tether.controller.cluster.orchestrator import Orchestrator
 from tether.controller.config import ControllerConfig
 from tether.controller.gates import GateKeeper, NoGates
 from tether.controller.hub import Hub
+from tether.controller.nodewatch import NodeWatch
 from tether.controller.planner import Planner
 from tether.controller.rollout import RolloutDriver
 from tether.controller.store import Store
@@ -31,3 +32,4 @@ class App:
     gates: GateKeeper = field(default_factory=NoGates)
     redactor: Redactor = field(default_factory=lambda: PROCESS_REDACTOR)
     bundles: AgentBundles | None = None  # the agent versions it hands out (agent upgrades)
+    watch: NodeWatch | None = None  # node state changes for WatchNodes (store writes go through it)

@@ -3,6 +3,12 @@
 The TLS handshake already verified the certificate chain; here the
 certificate is mapped to a principal (node, admin, read-only admin, or the
 anonymous enrollment identity) and checked again against our CA.
+
+An admin may be limited to some environments (its scope). The certificate names them and the
+controller's admin registry (``tether.controller.admins``) records them when it is issued; on every
+call the registry's record is looked up by the certificate's fingerprint, and a certificate
+whose scope differs from its record is refused. The registry is authoritative: a certificate
+it never recorded (issued before it existed) keeps the scope the certificate names.
 """
 
 from __future__ import annotations
@@ -16,7 +22,13 @@ from typing import Any
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
 
-from tether.controller.ca import ADMIN_URI_PREFIX, NODE_URI_PREFIX, CertificateAuthority, fingerprint
+from tether.controller.ca import (
+    ADMIN_SCOPE_URI_PREFIX,
+    ADMIN_URI_PREFIX,
+    NODE_URI_PREFIX,
+    CertificateAuthority,
+    fingerprint,
+)
 from tether.controller.errors import PermissionDenied, Unauthenticated
 from tether.nodeagent import anonymous
 
@@ -33,12 +45,30 @@ class Principal:
     name: str
     role: str = ""  # admin | read-only for admins
     fingerprint: str = ""
+    environments: frozenset[str] = frozenset()  # an admin's scope; empty: every environment
+
+    @property
+    def scoped(self) -> bool:
+        return bool(self.environments)
 
     def require_admin(self, *, write: bool) -> None:
         if self.kind is not Kind.ADMIN:
             raise PermissionDenied(f"{self.kind.value} identities may not use the admin API")
         if write and self.role != "admin":
             raise PermissionDenied(f"admin {self.name!r} is read-only")
+
+    def may_see(self, environment: str) -> bool:
+        """Whether this admin may read or change ``environment`` (its nodes, tokens, events...)."""
+        return not self.environments or environment in self.environments
+
+    def require_environment(self, environment: str) -> None:
+        if not self.may_see(environment):
+            raise PermissionDenied(f"admin {self.name!r} may not use environment {environment!r}")
+
+    def require_unscoped(self, what: str) -> None:
+        """For controller-wide changes: an admin limited to some environments may not make them."""
+        if self.environments:
+            raise PermissionDenied(f"admin {self.name!r} is limited to some environments: {what} is not")
 
 
 ANONYMOUS = Principal(Kind.ANONYMOUS, "anonymous")
@@ -53,9 +83,11 @@ class Authenticator:
         cache_size: int = 50_000,
         *,
         revoked: Callable[[str], bool] = lambda fingerprint: False,
+        scope: Callable[[str], frozenset[str] | None] = lambda fingerprint: None,
     ) -> None:
         self._ca = ca
         self._revoked = revoked  # admin certificates (controller.admins); nodes are revoked in the store
+        self._scope = scope  # an admin certificate's recorded environments; None: never recorded
         self._cache: OrderedDict[bytes, Principal] = OrderedDict()
         self._cache_size = cache_size
         self._anonymous_der = x509.load_pem_x509_certificate(anonymous.CERT_PEM).public_bytes(Encoding.DER)
@@ -73,9 +105,21 @@ class Authenticator:
             self._cache[pem] = principal
             if len(self._cache) > self._cache_size:
                 self._cache.popitem(last=False)
-        if principal.kind is Kind.ADMIN and self._revoked(principal.fingerprint):
-            raise Unauthenticated(f"the admin certificate of {principal.name!r} has been revoked")
+        if principal.kind is Kind.ADMIN:
+            self._check_admin(principal)
         return principal
+
+    def _check_admin(self, principal: Principal) -> None:
+        """On every call: not revoked, and the scope its certificate names is the one recorded."""
+        if self._revoked(principal.fingerprint):
+            raise Unauthenticated(f"the admin certificate of {principal.name!r} has been revoked")
+        recorded = self._scope(principal.fingerprint)
+        if recorded is not None and recorded != principal.environments:
+            raise PermissionDenied(
+                f"the admin certificate of {principal.name!r} names other environments than the "
+                f"controller recorded for it ({_scope_text(principal.environments)} against "
+                f"{_scope_text(recorded)}): issue a new one (tether-controller admin issue)"
+            )
 
     def _classify(self, pem: bytes) -> Principal:
         cert = x509.load_pem_x509_certificate(pem)
@@ -89,10 +133,17 @@ class Authenticator:
         except x509.ExtensionNotFound:
             uris = []
         fp = fingerprint(cert)
+        scope = frozenset(
+            u.removeprefix(ADMIN_SCOPE_URI_PREFIX) for u in uris if u.startswith(ADMIN_SCOPE_URI_PREFIX)
+        )
         for uri in uris:
             if uri.startswith(NODE_URI_PREFIX):
                 return Principal(Kind.NODE, uri.removeprefix(NODE_URI_PREFIX), fingerprint=fp)
             if uri.startswith(ADMIN_URI_PREFIX):
                 role, _, name = uri.removeprefix(ADMIN_URI_PREFIX).partition("/")
-                return Principal(Kind.ADMIN, name, role=role, fingerprint=fp)
+                return Principal(Kind.ADMIN, name, role=role, fingerprint=fp, environments=scope)
         raise Unauthenticated("client certificate carries no tether identity")
+
+
+def _scope_text(environments: frozenset[str]) -> str:
+    return ", ".join(sorted(environments)) or "every environment"

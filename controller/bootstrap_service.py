@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +36,9 @@ from tether.bootstrap.hostkeys import HostKeyPolicy
 from tether.bootstrap.install import Opener, Request, adopt
 from tether.bootstrap.registry import JoinToken, NodeView
 from tether.bootstrap.transport import Transport
-from tether.controller import tokens, wire
+from tether.controller import audit, tokens, wire
 from tether.controller.app import App
+from tether.controller.auth import Principal
 from tether.controller.errors import InvalidArgument, NotFound
 from tether.controller.listen import WILDCARDS
 from tether.controller.nodestate import node_state
@@ -54,15 +55,20 @@ _builders: dict[Path, BundleBuilder] = {}
 class StoreRegistry:
     """``tether.bootstrap.registry.Registry`` over the controller's own store."""
 
-    def __init__(self, app: App, who: str) -> None:
+    def __init__(self, app: App, who: str, may_see: Callable[[str], bool] = lambda environment: True) -> None:
         self.app = app
         self.who = who
+        self.may_see = may_see  # the caller's scope: a node of another environment is not shown
         self.ca_hash = app.ca.ca_hash
 
     async def get_node(self, name: str) -> NodeView | None:
         node = self.app.store.get_node(name)
         if node is None:
             return None
+        if not self.may_see(node.environment):
+            raise BootstrapControllerError(
+                f"node {name!r} belongs to an environment outside the scope of admin {self.who!r}"
+            )
         connected = self.app.hub.connected(name)
         state = node_state(node, self.app.store.node_steps(name), connected).value
         return NodeView(
@@ -175,13 +181,17 @@ def event_to_pb(event: BootstrapEvent) -> Any:
     return msg
 
 
-async def run(app: App, request: Any, who: str) -> AsyncIterator[Any]:
+async def run(app: App, request: Any, caller: Principal) -> AsyncIterator[Any]:
     """Adopt the machine of ``request``, yielding ``BootstrapEvent`` messages as it goes.
 
-    An unknown environment or role is refused before the machine is contacted at all.
+    An unknown environment or role, or one outside the caller's scope, is refused before the
+    machine is contacted at all.
     """
     if not request.environment:
         raise InvalidArgument("environment is required")
+    audit.note(environment=request.environment, node=request.node_name)
+    caller.require_environment(request.environment)
+    who = caller.name
     try:
         role = Role.parse(request.role or "worker").value
     except ValueError as exc:
@@ -233,7 +243,7 @@ async def run(app: App, request: Any, who: str) -> AsyncIterator[Any]:
                     opener,
                     label,
                     plan,
-                    registry=StoreRegistry(app, who),
+                    registry=StoreRegistry(app, who, caller.may_see),
                     bundles=_builder(app),
                     delivery=delivery,
                     sink=events.put_nowait,
@@ -249,6 +259,7 @@ async def run(app: App, request: Any, who: str) -> AsyncIterator[Any]:
                     else:
                         getter.cancel()
                 result = task.result()
+                audit.note(node=result.node)
                 log.info(
                     "bootstrap finished",
                     target=label,

@@ -4,7 +4,8 @@ One CA (EC P-256) created on first start under ``DATA_DIR/pki``. It signs the
 controller's serving certificate (regenerated at every start), node
 certificates from CSRs (the node keeps its key) and admin client
 certificates. Identities are URI SANs: ``spiffe://tether/node/NAME`` and
-``spiffe://tether/admin/ROLE/NAME``.
+``spiffe://tether/admin/ROLE/NAME``; an admin limited to some environments carries one more
+URI SAN per environment, ``spiffe://tether/admin-environment/ENV`` (none: every environment).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import ipaddress
 import socket
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +33,7 @@ from tether.nodeagent.identity import (
 
 NODE_URI_PREFIX = "spiffe://tether/node/"
 ADMIN_URI_PREFIX = "spiffe://tether/admin/"
+ADMIN_SCOPE_URI_PREFIX = "spiffe://tether/admin-environment/"
 ADMIN_ROLES = ("admin", "read-only")
 
 
@@ -195,17 +198,23 @@ class CertificateAuthority:
         )
         return self._issue(builder)
 
-    def issue_admin(self, name: str, role: str, days: float = 365) -> tuple[bytes, IssuedCert]:
+    def issue_admin(
+        self, name: str, role: str, days: float = 365, environments: Sequence[str] = ()
+    ) -> tuple[bytes, IssuedCert]:
+        """An admin client certificate; ``environments`` limits it to those (empty: every one)."""
         if role not in ADMIN_ROLES:
             raise InvalidArgument(f"unknown admin role {role!r} (expected one of {', '.join(ADMIN_ROLES)})")
+        bad = [e for e in environments if not e or "/" in e or any(c.isspace() for c in e)]
+        if bad:
+            raise InvalidArgument(f"not an environment name: {bad[0]!r}")
         key_pem = generate_key()
         key = serialization.load_pem_private_key(key_pem, password=None)
+        uris = [f"{ADMIN_URI_PREFIX}{role}/{name}"]
+        uris += [f"{ADMIN_SCOPE_URI_PREFIX}{e}" for e in sorted(set(environments))]
         builder = (
             self._builder(f"admin:{name}", key.public_key(), days)
             .add_extension(
-                x509.SubjectAlternativeName(
-                    [x509.UniformResourceIdentifier(f"{ADMIN_URI_PREFIX}{role}/{name}")]
-                ),
+                x509.SubjectAlternativeName([x509.UniformResourceIdentifier(u) for u in uris]),
                 critical=False,
             )
             .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)

@@ -5,7 +5,8 @@ Hierarchy::
     ControllerError            root; ``code`` is the gRPC status it maps to
     ├── NotFound               no such environment, node, token ...
     ├── AlreadyExists
-    ├── InvalidArgument        bad request; ``problems`` lists every one
+    ├── InvalidArgument        bad request; ``problems`` lists every one (``violations``: with its field)
+    ├── Aborted                a concurrent change won (a stale expected generation)
     ├── PermissionDenied       the caller's identity may not do this
     ├── Unauthenticated        no usable identity
     ├── FailedPrecondition     e.g. deleting an environment that still has nodes
@@ -17,6 +18,7 @@ Hierarchy::
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import grpc
 
@@ -34,12 +36,43 @@ class AlreadyExists(ControllerError):
     code = grpc.StatusCode.ALREADY_EXISTS
 
 
+@dataclass(frozen=True)
+class Problem:
+    """One problem of a request: ``field`` is its path (``spec.kernel.version``; "" for none)."""
+
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.message}" if self.field else self.message
+
+
 class InvalidArgument(ControllerError):
+    """``problems``: one line per problem (``path: message``); ``violations``: the same, structured."""
+
     code = grpc.StatusCode.INVALID_ARGUMENT
 
-    def __init__(self, message: str, problems: Sequence[str] = ()) -> None:
+    def __init__(self, message: str, problems: Sequence[str | Problem] = ()) -> None:
         super().__init__(message)
-        self.problems = list(problems) or [message]
+        given = list(problems) or [message]
+        self.violations = [p if isinstance(p, Problem) else Problem("", p) for p in given]
+        self.problems = [str(p) for p in given]
+
+
+class Aborted(ControllerError):
+    """A concurrent change won (e.g. an apply at a stale generation): read again, then retry."""
+
+    code = grpc.StatusCode.ABORTED
+
+
+def check_generation(environment: str, current: int | None, expected: int) -> None:
+    """Raise ``Aborted`` unless ``expected`` is 0 (no check) or the ``current`` generation (None:
+    the environment does not exist)."""
+    if not expected or current == expected:
+        return
+    if current is None:
+        raise Aborted(f"environment {environment!r} does not exist (expected at generation {expected})")
+    raise Aborted(f"environment {environment!r} is at generation {current}, not {expected}")
 
 
 class PermissionDenied(ControllerError):
@@ -79,3 +112,9 @@ class StoreError(ControllerError):
     """The store cannot be used; the message names the file and what to do."""
 
     code = grpc.StatusCode.UNAVAILABLE
+
+
+class OutOfRange(ControllerError):
+    """A position no longer (or not yet) kept, e.g. a watch's revision: list again."""
+
+    code = grpc.StatusCode.OUT_OF_RANGE

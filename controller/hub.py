@@ -58,6 +58,7 @@ class Hub:
     def __init__(self) -> None:
         self._sessions: dict[str, Session] = {}
         self._followers: dict[str, set[Follower]] = defaultdict(set)
+        self.on_change: Callable[[str], None] = lambda node: None  # a stream came or went (nodewatch)
 
     # -- sessions -----------------------------------------------------------------------------
 
@@ -68,11 +69,13 @@ class Hub:
             old.close()
         session = Session(node, environment)
         self._sessions[node] = session
+        self.on_change(node)
         return session
 
     def detach(self, session: Session) -> None:
         if self._sessions.get(session.node) is session:
             del self._sessions[session.node]
+            self.on_change(session.node)
 
     def session(self, node: str) -> Session | None:
         return self._sessions.get(node)

@@ -3,7 +3,8 @@
 tether-controller serve [--listen HOST:PORT] [--data-dir DIR] [--advertise HOST:PORT] [--san NAME ...]
                         [--max-document-bytes N] [--enroll-rate PER_SECOND]
                         [--node-output-rate BYTES_PER_SECOND] [--metrics-listen HOST:PORT]
-tether-controller admin issue --name NAME [--role admin|read-only] [--days N] --out FILE
+tether-controller admin issue --name NAME [--role admin|read-only] [--environments E1,E2] [--days N]
+                              --out FILE
 tether-controller admin list | revoke (--name NAME | --fingerprint PREFIX)
 tether-controller agent-bundle add FILE | list [--agent-bundles DIR | --data-dir DIR]
 """
@@ -106,6 +107,12 @@ def _parser() -> argparse.ArgumentParser:
     issue.add_argument("--data-dir", type=Path, default=Path("/var/lib/tether-controller"))
     issue.add_argument("--name", required=True, help="who it is for (recorded in its certificate)")
     issue.add_argument("--role", choices=("admin", "read-only"), default="read-only")
+    issue.add_argument(
+        "--environments",
+        default="",
+        metavar="E1,E2",
+        help="limit it to these environments (comma-separated; default: every environment)",
+    )
     issue.add_argument("--days", type=float, default=365.0, help="certificate lifetime")
     issue.add_argument("--out", type=Path, required=True, help="where to write it (mode 0600)")
     listing = admin.add_parser("list", help="admin certificates issued, and which are revoked")
@@ -165,10 +172,13 @@ def admin_command(args: argparse.Namespace) -> int:
         if args.verb == "issue":
             return issue_admin(args, registry)
         if args.verb == "list":
-            print(f"{'NAME':<24} {'ROLE':<10} {'FINGERPRINT':<16} {'EXPIRES':<25} REVOKED")
+            print(f"{'NAME':<24} {'ROLE':<10} {'FINGERPRINT':<16} {'EXPIRES':<25} {'REVOKED':<25} SCOPE")
             for e in registry.entries():
-                revoked_at = e.revoked_at or "-"
-                print(f"{e.name:<24} {e.role:<10} {e.fingerprint[:16]:<16} {e.not_after:<25} {revoked_at}")
+                revoked_at, scope = e.revoked_at or "-", ",".join(e.environments) or "*"
+                print(
+                    f"{e.name:<24} {e.role:<10} {e.fingerprint[:16]:<16} {e.not_after:<25} {revoked_at:<25} "
+                    f"{scope}"
+                )
             return 0
         revoked = registry.revoke(name=args.name, fingerprint=args.fingerprint)
     except ControllerError as exc:
@@ -182,16 +192,20 @@ def admin_command(args: argparse.Namespace) -> int:
 def issue_admin(args: argparse.Namespace, registry: AdminRegistry) -> int:
     """Sign an admin certificate with the controller's CA, record it, write a complete admin config."""
     from tether.controller.adminconf import AdminConfig
+    from tether.controller.admins import parse_environments
     from tether.controller.ca import CertificateAuthority
 
+    environments = parse_environments(args.environments)
     ca = CertificateAuthority.load_or_create(args.data_dir / "pki")
     address = AdminConfig.read(args.data_dir / "admin.conf").controller
-    key_pem, issued = ca.issue_admin(args.name, args.role, days=args.days)
-    registry.record(args.name, args.role, issued)
+    key_pem, issued = ca.issue_admin(args.name, args.role, days=args.days, environments=environments)
+    registry.record(args.name, args.role, issued, environments)
     AdminConfig(address, ca.ca_hash, ca.cert_pem, issued.cert_pem, key_pem, args.name, args.role).write(
         args.out
     )
-    print(f"wrote {args.out}: {args.role} access for {args.name!r} to {address} ({issued.fingerprint[:16]})")
+    scope = f" (environments {', '.join(environments)})" if environments else ""
+    who = f"{args.role} access for {args.name!r}{scope}"
+    print(f"wrote {args.out}: {who} to {address} ({issued.fingerprint[:16]})")
     return 0
 
 

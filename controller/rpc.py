@@ -1,4 +1,11 @@
-"""Maps our exceptions to gRPC status codes at the servicer seam (one place)."""
+"""Maps our exceptions to gRPC status codes at the servicer seam (one place).
+
+Every ``ControllerError`` ends the call with its ``code`` (docs/admin-api.md, "Errors"); an
+``InvalidArgument`` also carries a ``google.rpc.Status`` whose details hold a
+``google.rpc.BadRequest``: one field violation per problem (``field``: the spec path). The plain
+status message is the problems, one per line, for clients that read only that. Both together
+stay within ``ERROR_STATUS_BYTES`` (problems past it are counted in a last line, not listed).
+"""
 
 from __future__ import annotations
 
@@ -8,19 +15,56 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
+from google.protobuf import any_pb2
+from google.rpc.error_details_pb2 import BadRequest
+from google.rpc.status_pb2 import Status
+from grpc_status import rpc_status
 
 from tether.controller import metrics
-from tether.controller.errors import ControllerError, InvalidArgument
+from tether.controller.errors import ControllerError, InvalidArgument, Problem
+from tether.controller.limits import ERROR_STATUS_BYTES
 from tether.nodeagent import logs
 
 log = logs.get_logger("tether.controller.rpc")
+_STATUS_OVERHEAD = 256  # code, the BadRequest's type URL, framing, and the "N more" line's room
 R = TypeVar("R")
 
 
-def _message(exc: ControllerError) -> str:
-    if isinstance(exc, InvalidArgument):
-        return "\n".join(exc.problems)
-    return str(exc)
+def _wire_len(text: str) -> int:
+    """Bytes of ``text`` as a grpc-message trailer (percent-encoded outside printable ASCII)."""
+    return sum(1 if 0x20 <= b <= 0x7E and b != 0x25 else 3 for b in text.encode())
+
+
+def _listed(exc: InvalidArgument, budget: int = ERROR_STATUS_BYTES) -> list[Problem]:
+    """The problems that fit the budget, in order; the rest counted in one last problem. Each
+    costs its line in the grpc-message trailer and, base64-encoded in the details trailer, that line
+    again (``Status.message``) and its field violation."""
+    kept: list[Problem] = []
+    used = _STATUS_OVERHEAD
+    for problem in exc.violations:
+        line = str(problem)
+        entry = BadRequest.FieldViolation(field=problem.field, description=problem.message)
+        used += _wire_len(line) + 3 + (len(line.encode()) + 1 + entry.ByteSize() + 3) * 4 // 3 + 2
+        if used > budget:
+            kept.append(Problem("", f"{len(exc.violations) - len(kept)} more problem(s) not listed"))
+            break
+        kept.append(problem)
+    return kept
+
+
+def status_of(exc: ControllerError) -> grpc.Status:
+    """The status a call ends with: code and message, and for a bad request its field violations
+    (the message: one line per problem, as the violations say them)."""
+    if not isinstance(exc, InvalidArgument):
+        return rpc_status.to_status(Status(code=exc.code.value[0], message=str(exc)))
+    problems = _listed(exc)
+    bad = BadRequest(
+        field_violations=[BadRequest.FieldViolation(field=p.field, description=p.message) for p in problems]
+    )
+    detail = any_pb2.Any()
+    detail.Pack(bad)
+    message = "\n".join(str(p) for p in problems)
+    return rpc_status.to_status(Status(code=exc.code.value[0], message=message, details=[detail]))
 
 
 def unary(fn: Callable[[Any, Any, Any], Awaitable[R]]) -> Callable[[Any, Any, Any], Awaitable[R]]:
@@ -33,7 +77,7 @@ def unary(fn: Callable[[Any, Any, Any], Awaitable[R]]) -> Callable[[Any, Any, An
             return await fn(self, request, context)
         except ControllerError as exc:
             failed(exc.code.name)
-            await context.abort(exc.code, _message(exc))
+            await context.abort_with_status(status_of(exc))
             raise AssertionError("unreachable") from None
         except Exception:
             failed(grpc.StatusCode.INTERNAL.name)
@@ -53,7 +97,7 @@ def stream(fn: Callable[[Any, Any, Any], AsyncIterator[R]]) -> Callable[[Any, An
             async for item in fn(self, request, context):
                 yield item
         except ControllerError as exc:
-            await context.abort(exc.code, _message(exc))
+            await context.abort_with_status(status_of(exc))
         except Exception:
             log.exception("internal error", method=fn.__name__)
             await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {fn.__name__}")

@@ -29,6 +29,7 @@ from tether.controller.errors import ControllerError
 from tether.controller.guard import Guard, enroll_bucket
 from tether.controller.hub import Hub
 from tether.controller.listen import WILDCARDS, ListenError, preflight
+from tether.controller.nodewatch import NodeWatch
 from tether.controller.planner import Planner
 from tether.controller.rollout import RolloutDriver
 from tether.controller.secretbox import SecretBox
@@ -147,15 +148,17 @@ class Controller:
         self.address = _join_host(host, bound)
         advertise = config.advertise or _join_host(advertise_host, bound)
         hub = Hub()
+        watch = NodeWatch(store, hub)  # the servicers write through watch.store: node changes are seen
         box = SecretBox.load_or_create(config.data_dir / "pki" / "secrets.key")
         bundles = agent_bundles(config)
         planner = Planner(store, bundles=bundles)
         cluster = Orchestrator(store, hub, box, PROCESS_REDACTOR, specs=planner.spec)
+        admins = AdminRegistry(config.data_dir / "pki")  # revocations and scopes of admin certificates
         app = App(
             config=config,
             ca=ca,
-            store=store,
-            auth=Authenticator(ca, revoked=AdminRegistry(config.data_dir / "pki").is_revoked),
+            store=watch.store,
+            auth=Authenticator(ca, revoked=admins.is_revoked, scope=admins.scope_of),
             hub=hub,
             planner=planner,
             advertise=advertise,
@@ -163,8 +166,10 @@ class Controller:
             rollouts=RolloutDriver(store, hub, planner, cluster),
             gates=cluster,
             bundles=bundles,
+            watch=watch,
         )
         health_servicer = _add_services(server, app)
+        await watch.start()
         await _parse_stored_specs(app)
         await _build_named_bundles(app)
         if config.metrics_listen:

@@ -1,23 +1,40 @@
-"""The admin connection: admin.conf -> an authenticated AdminService stub, errors mapped once."""
+"""tetherctl's admin connection: the SDK's ``Client`` from admin.conf, errors made one clear message."""
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 
 from tether.controller import wire
 from tether.controller.adminconf import AdminConfig
+from tether.controller.client import Client, ConfigError
+from tether.controller.client.connection import DEFAULT_CONFIG, channel_options, read_admin_conf
+from tether.controller.client.connection import config_path as _config_path
+from tether.controller.client.connection import context_name as _context_name
+from tether.controller.client.errors import ApiError
 from tether.controller.documents import check_size
 from tether.controller.errors import InvalidArgument
-from tether.nodeagent.identity import CONTROLLER_SERVER_NAME
-from tether.nodeagent.limits import client_options
 
-DEFAULT_CONFIG = Path.home() / ".config" / "tether" / "admin.conf"
+T = TypeVar("T")
+__all__ = [
+    "DEFAULT_CONFIG",
+    "CliError",
+    "Session",
+    "channel_options",
+    "check_size_here",
+    "client_for",
+    "config_path",
+    "connect",
+    "context_name",
+    "explain",
+    "load_config",
+    "read_input",
+]
 
 
 class CliError(Exception):
@@ -29,42 +46,46 @@ class CliError(Exception):
 
 
 def config_path(flag: str | None) -> Path:
-    if flag:
-        return Path(flag)
-    env = os.environ.get("TETHER_CONFIG")
-    if env:
-        return Path(env)
-    return DEFAULT_CONFIG
+    return _config_path(flag)
 
 
 def context_name(flag: str | None) -> str:
     """The context to use: ``--context``, else ``$TETHER_CONTEXT``, else the file's current one."""
-    return flag or os.environ.get("TETHER_CONTEXT", "")
+    return _context_name(flag)
 
 
 def load_config(args: argparse.Namespace) -> AdminConfig:
     """The admin config the arguments name (``--config``, ``--context`` or their variables)."""
     try:
-        return AdminConfig.read(config_path(args.config), context_name(getattr(args, "context", None)))
-    except Exception as exc:
+        return read_admin_conf(args.config, getattr(args, "context", None))
+    except ConfigError as exc:
         raise CliError(f"{exc} (use --config/TETHER_CONFIG, --context/TETHER_CONTEXT)") from None
 
 
-def channel_options() -> list[tuple[str, int | str]]:
-    """tetherctl's channel options: the shared message limits, the controller's certificate name."""
-    return [*client_options(), ("grpc.ssl_target_name_override", CONTROLLER_SERVER_NAME)]
+def client_for(args: argparse.Namespace) -> Client:
+    """The SDK client tetherctl's flags name (``--config``, ``--context``, ``--timeout``)."""
+    try:
+        return Client.from_admin_conf(
+            args.config, getattr(args, "context", None), timeout=getattr(args, "timeout", None)
+        )
+    except ConfigError as exc:
+        raise CliError(f"{exc} (use --config/TETHER_CONFIG, --context/TETHER_CONTEXT)") from None
 
 
 def connect(
     flag: str | None, context: str | None = None
 ) -> tuple[wire.AdminServiceStub, AdminConfig, grpc.Channel]:
-    conf = load_config(argparse.Namespace(config=flag, context=context))
-    creds = grpc.ssl_channel_credentials(conf.ca_pem, conf.key_pem, conf.cert_pem)
-    channel = grpc.secure_channel(conf.controller, creds, options=channel_options())
-    return wire.AdminServiceStub(channel), conf, channel
+    client = client_for(argparse.Namespace(config=flag, context=context, timeout=None))
+    assert client.config is not None
+    return client.stub, client.config, client.channel
 
 
-def explain(exc: grpc.RpcError, address: str = "") -> CliError:
+def explain(exc: grpc.RpcError | ApiError, address: str = "") -> CliError:
+    if isinstance(exc, ApiError):
+        cause = exc.__cause__
+        if isinstance(cause, grpc.RpcError):
+            return explain(cause, address)
+        return CliError(exc.message or exc.code.name)
     code = exc.code() if hasattr(exc, "code") else None
     details = exc.details() if hasattr(exc, "details") else str(exc)
     if code == grpc.StatusCode.UNAVAILABLE:
@@ -84,16 +105,25 @@ def read_input(path: str) -> str:
 
 
 class Session:
-    """Lazily connected stub; RPC errors become one clear message."""
+    """The SDK client of one tetherctl run (``stub`` for any call); RPC errors become one message."""
 
     def __init__(self, args: argparse.Namespace) -> None:
-        self.stub, self.conf, self.channel = connect(args.config, getattr(args, "context", None))
+        self.client = client_for(args)
+        assert self.client.config is not None
+        self.stub, self.conf, self.channel = self.client.stub, self.client.config, self.client.channel
         self.timeout = args.timeout
 
     def call(self, method: str, request: Any) -> Any:
         try:
-            return getattr(self.stub, method)(request, timeout=self.timeout)
-        except grpc.RpcError as exc:
+            return self.client.call(getattr(self.stub, method), request)
+        except ApiError as exc:
+            raise explain(exc, self.conf.controller) from None
+
+    def collect(self, items: Iterable[T]) -> list[T]:
+        """Every item of an SDK iterator (all its pages), RPC errors made one message."""
+        try:
+            return list(items)
+        except ApiError as exc:
             raise explain(exc, self.conf.controller) from None
 
 

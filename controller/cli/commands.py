@@ -10,11 +10,12 @@ from typing import Any
 
 import grpc
 
-from tether.controller import tokens, wire
-from tether.controller.cli import describe, rollout_cmd
+from tether.controller import paging, tokens, wire
+from tether.controller.cli import describe, node_cmd, rollout_cmd
 from tether.controller.cli.client import CliError, Session, check_size_here, explain, read_input
 from tether.controller.cli.output import ago, colour, emit, shape, shape_times, table, when
 from tether.controller.cli.waiting import UntilDone
+from tether.controller.client.errors import AbortedError, ApiError, InvalidArgumentError
 from tether.controller.cluster.context import preview_context
 from tether.controller.render import NodeContext, render
 from tether.controller.render.targets import facts_for
@@ -23,8 +24,12 @@ from tether.nodeagent.model import Event, Plan
 
 # -- environments ------------------------------------------------------------------------------
 
+EXIT_CONFLICT = 3  # env apply --expect-generation: the environment is at another generation
+
 
 def env_apply(args: argparse.Namespace) -> int:
+    if args.expect_generation < 0:
+        raise CliError("--expect-generation: a generation is 1 or more (0: no check)")
     base_dir = Path.cwd() if args.file == "-" else Path(args.file).parent
     try:
         document = inline_local_files(read_input(args.file), base_dir)
@@ -35,14 +40,16 @@ def env_apply(args: argparse.Namespace) -> int:
     check_size_here(document, args)
     s = Session(args)
     try:
-        reply = s.stub.ApplyEnvironment(
-            wire.admin.ApplyEnvironmentRequest(document=document, dry_run=args.dry_run), timeout=s.timeout
+        reply = s.client.apply_environment(
+            document, dry_run=args.dry_run, expected_generation=args.expect_generation
         )
-    except grpc.RpcError as exc:
-        if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
-            for line in (exc.details() or "").splitlines():
-                print(line, file=sys.stderr)
-            return 1
+    except InvalidArgumentError as exc:  # one line per problem: "spec.path: what is wrong"
+        for line in [str(v) for v in exc.field_violations] or exc.message.splitlines():
+            print(line, file=sys.stderr)
+        return 1
+    except AbortedError as exc:  # "environment 'lab' is at generation 4, not 3"
+        raise CliError(f"{exc.message} (nothing applied)", exit_code=EXIT_CONFLICT) from None
+    except ApiError as exc:
         raise explain(exc, s.conf.controller) from None
     env = reply.environment
     for note in reply.notes:
@@ -69,17 +76,17 @@ def env_get(args: argparse.Namespace) -> int:
 
 
 def env_list(args: argparse.Namespace) -> int:
-    reply = Session(args).call("ListEnvironments", wire.admin.ListEnvironmentsRequest())
+    s = Session(args)
+    envs = s.collect(s.client.iter_environments(page_size=paging.MAX_PAGE_SIZE))
     if args.output not in ("table", "wide"):
-        data = [{k: v for k, v in shape(e).items() if k != "document"} for e in reply.environments]
+        data = [{k: v for k, v in shape(e).items() if k != "document"} for e in envs]
         emit(data, args.output)
         return 0
     headers = ["NAME", "GENERATION", "NODES", "API VERSION", "UPDATED"]
-    envs = reply.environments
     rows = [[e.name, e.generation, e.node_count, e.api_version, when(e.updated_ms)] for e in envs]
     if args.output == "wide":
         headers += ["CREATED", "AGENT VERSION"]
-        for row, e in zip(rows, reply.environments, strict=True):
+        for row, e in zip(rows, envs, strict=True):
             row += [when(e.created_ms), e.agent_version or "-"]
     table(rows, headers)
     return 0
@@ -213,15 +220,16 @@ def token_create(args: argparse.Namespace) -> int:
 
 
 def token_list(args: argparse.Namespace) -> int:
-    reply = Session(args).call("ListTokens", wire.admin.ListTokensRequest(environment=args.environment))
+    s = Session(args)
+    listed = s.collect(s.client.iter_tokens(args.environment, page_size=paging.MAX_PAGE_SIZE))
     if args.output not in ("table", "wide"):
-        emit([shape(t) for t in reply.tokens], args.output)
+        emit([shape(t) for t in listed], args.output)
         return 0
     wide = args.output == "wide"
     headers = ["ID", "ENVIRONMENT", "ROLE", "NODE", "USES", "STATUS", "EXPIRES", "DESCRIPTION"]
     rows = []
-    for t in reply.tokens:
-        row = [t.id, t.environment, t.role, t.node_name or "-", f"{t.uses}/{t.max_uses}"]
+    for t in listed:
+        row: list[Any] = [t.id, t.environment, t.role, t.node_name or "-", f"{t.uses}/{t.max_uses}"]
         row += [colour(t.status or "-"), when(t.expires_ms), t.description]
         rows.append([*row, when(t.created_ms)] if wide else row)
     table(rows, [*headers, "CREATED"] if wide else headers)
@@ -238,15 +246,18 @@ def token_revoke(args: argparse.Namespace) -> int:
 
 
 def node_list(args: argparse.Namespace) -> int:
-    reply = Session(args).call("ListNodes", wire.admin.ListNodesRequest(environment=args.environment))
+    if getattr(args, "watch", False):
+        return node_cmd.node_watch(args)  # -w: the list, then its changes
+    s = Session(args)
+    nodes = s.collect(s.client.iter_nodes(args.environment, page_size=paging.MAX_PAGE_SIZE))
     if args.output not in ("table", "wide"):
-        emit([shape(n) for n in reply.nodes], args.output)
+        emit([shape(n) for n in nodes], args.output)
         return 0
     headers = ["NAME", "ENVIRONMENT", "ROLE", "STATE", "OS", "AGENT", "SEEN"]
     if args.output == "wide":
         headers += ["GENERATION", "ARCH", "KERNEL", "GPUS", "ADDRESSES", "ENROLLED"]
     rows = []
-    for n in reply.nodes:
+    for n in nodes:
         row = [n.name, n.environment, n.role, colour(n.state), n.facts.os_pretty or "-"]
         row += [n.agent_version or "-", "now" if n.connected else ago(n.last_seen_ms)]
         if args.output == "wide":

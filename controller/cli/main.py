@@ -1,10 +1,11 @@
 """tetherctl: drive a tether controller.
 
     tetherctl [--config admin.conf] env apply -f ENV.yaml | get NAME | list | delete NAME
+    tetherctl env apply -f ENV.yaml --expect-generation N   (exit 3: it is at another generation)
     tetherctl env validate -f ENV.yaml            (offline)
     tetherctl env render -f ENV.yaml [--role R] [--os OS] [--gpu|--no-gpu] [--out DIR]   (offline)
     tetherctl token create --env NAME --role ROLE [--ttl 15m] [--uses 1] [--print-join-command]
-    tetherctl node list | describe NAME | revoke NAME | rerun NAME [--step S]
+    tetherctl node list [-w] | describe NAME | revoke NAME | rerun NAME [--step S]
     tetherctl node delete NAME [--force] | reset NAME [--wait]
     tetherctl env delete NAME [--force | --reset]
     tetherctl env diff -f ENV.yaml [-o json]       (exit 0: no change, 1: some node changes)
@@ -12,6 +13,7 @@
     tetherctl wait (--env NAME | --node NAME ...) --for provisioned [--timeout 10m]
     tetherctl agent upgrade --env NAME [--version V] | agent bundles
     tetherctl events --node NAME [--follow [--until-done]] [-o json]
+    tetherctl audit [--env NAME] [--limit N] [-o json]   (who changed what, newest first)
     tetherctl plan --node NAME | --env NAME --role ROLE
     tetherctl bootstrap --env NAME --role ROLE (--ssh USER@HOST[:PORT] | --ssm ID | --inventory FILE)
     tetherctl config get-contexts | use-context NAME | add-context NAME --from FILE
@@ -35,6 +37,7 @@ from collections.abc import Callable
 import grpc
 
 from tether.controller.cli import (
+    audit_cmd,
     bootstrap_cmd,
     cluster_cmd,
     commands,
@@ -88,6 +91,13 @@ def _parser() -> argparse.ArgumentParser:
         "--dry-run",
         action="store_true",
         help="validate on the controller and show what each node would change; store nothing",
+    )
+    a.add_argument(
+        "--expect-generation",
+        type=int,
+        default=0,
+        metavar="N",
+        help="apply only if the environment is at generation N (else exit 3, nothing applied; 0: no check)",
     )
     document_limit(a)
     a.set_defaults(func=commands.env_apply)
@@ -153,6 +163,9 @@ def _parser() -> argparse.ArgumentParser:
     node = sub.add_parser("node", help="nodes").add_subparsers(dest="verb", required=True)
     nl = node.add_parser("list", help="list nodes")
     nl.add_argument("--env", dest="environment", default="")
+    nl.add_argument(
+        "-w", "--watch", action="store_true", help="then a line per change until Ctrl-C (-o json: objects)"
+    )
     out_flag(nl, LIST_FORMATS)
     nl.set_defaults(func=commands.node_list)
     nd = node.add_parser("describe", help="a node's facts, health and steps (requested vs observed)")
@@ -185,6 +198,7 @@ def _parser() -> argparse.ArgumentParser:
 
     cluster_cmd.add_parser(sub)
     rollout_cmd.add_parser(sub)
+    audit_cmd.add_parser(sub)
     waiting.add_parser(sub)
     bootstrap_cmd.add_parser(sub)
     config_cmd.add_parser(sub)

@@ -1,7 +1,8 @@
-"""tetherctl node delete | reset: let a node go (forget it, or deprovision it first).
+"""tetherctl node delete | reset | list -w: let a node go (forget it, or deprovision it first); watch.
 
     tetherctl node delete NAME [--force]     the record and history go (--force: a connected node)
     tetherctl node reset NAME [--wait]       leave the cluster, remove the agent, then forget it
+    tetherctl node list -w [--env E] [-o json]   the list, then a line per state change (WatchNodes)
 
 ``node reset --wait`` exits 0 once the node is gone, 1 when a reset step failed (the node stays:
 ``node reset`` again retries what failed, ``node delete --force`` gives up on it), 2 on timeout.
@@ -10,6 +11,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from typing import Any
@@ -17,8 +19,12 @@ from typing import Any
 import grpc
 
 from tether.controller import tokens, wire
-from tether.controller.cli.client import CliError, Session
+from tether.controller.cli.client import CliError, Session, explain
+from tether.controller.cli.output import ago, colour, rfc3339, shape, table, when
+from tether.controller.client.errors import ApiError
+from tether.controller.client.watch import RELIST, watch_nodes
 from tether.controller.limits import RESET_TIMEOUT_SECONDS
+from tether.nodeagent.model import now_ms
 
 POLL_SECONDS = 1.0
 EXIT_FAILED, EXIT_TIMEOUT = 1, 2
@@ -102,4 +108,58 @@ def _get(session: Session, name: str) -> Any:
         raise
 
 
-__all__ = ["add_verbs"]
+# -- node list --watch ------------------------------------------------------------------------
+
+
+def node_watch(args: argparse.Namespace) -> int:
+    """``node list -w``: the list, then one line per state change (``-o json``: one object a line).
+    It resumes by itself after a broken stream; Ctrl-C ends it (130)."""
+    if args.output == "yaml":
+        raise CliError("--watch prints a table and then lines, or -o json: one object per line")
+    session = Session(args)
+    events = watch_nodes(session.stub, args.environment)
+    listed: list[Any] = []
+    try:
+        for event in events:
+            if args.output == "json":
+                print(json.dumps(_event_json(event)), flush=True)
+            elif event.type == wire.admin.NODE_EVENT_TYPE_ADDED and not event.reason:
+                listed.append(event.node)  # the list: one table once it is complete
+            elif event.type == wire.admin.NODE_EVENT_TYPE_SYNCED:
+                _list_table(listed)
+                listed = []
+            elif event.reason == RELIST:
+                print("-- the watch's history moved on: listing again", flush=True)
+            else:
+                n = event.node
+                print(f"{when(now_ms())}  {n.name}  {n.environment}  {event.reason}", flush=True)
+    except ApiError as exc:
+        raise explain(exc, session.conf.controller) from None
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        events.close()
+    return 0
+
+
+def _event_json(event: Any) -> dict[str, Any]:
+    kind = wire.admin.NodeEventType.Name(event.type).removeprefix("NODE_EVENT_TYPE_").lower()
+    return {
+        "time": rfc3339(now_ms()),
+        "type": "relist" if event.reason == RELIST else kind,
+        "revision": event.revision,
+        "reason": event.reason,
+        "node": shape(event.node) if event.HasField("node") else None,
+    }
+
+
+def _list_table(nodes: list[Any]) -> None:
+    rows = [
+        [n.name, n.environment, n.role, colour(n.state), "now" if n.connected else ago(n.last_seen_ms)]
+        for n in nodes
+    ]
+    table(rows, ["NAME", "ENVIRONMENT", "ROLE", "STATE", "SEEN"])
+    sys.stdout.flush()
+
+
+__all__ = ["add_verbs", "node_watch"]

@@ -45,7 +45,7 @@ class Progress:
             halted = self._halted(env.name)
             if halted:
                 return Verdict(failure=halted)
-            listed = self.s.call("ListNodes", wire.admin.ListNodesRequest(environment=env.name)).nodes
+            listed = self.s.collect(self.s.client.iter_nodes(env.name))  # every page
             nodes = [n for n in listed if n.state != "revoked"]
             if not nodes:
                 return Verdict(waiting=f"no node of environment {env.name} has enrolled yet")

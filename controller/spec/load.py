@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
 
-from tether.controller.errors import InvalidArgument
+from tether.controller.errors import InvalidArgument, Problem
 from tether.controller.spec import (
     bounded_yaml,
     parse_cluster,
@@ -30,9 +30,10 @@ NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 
 
 class SpecError(InvalidArgument):
-    """The document is invalid; ``problems`` holds one ``path: message`` line per problem."""
+    """The document is invalid; ``problems`` holds one ``path: message`` line per problem
+    (``violations``: each with its path apart)."""
 
-    def __init__(self, problems: list[str]) -> None:
+    def __init__(self, problems: Sequence[str | Problem]) -> None:
         super().__init__(f"invalid environment ({len(problems)} problems)", problems)
 
 
@@ -51,11 +52,11 @@ def load_document(text: str) -> LoadedSpec:
     try:
         doc = bounded_yaml.load(text)
     except bounded_yaml.YamlLimit as exc:
-        raise SpecError([f"document: {exc}"]) from None
+        raise SpecError([Problem("document", str(exc))]) from None
     except yaml.YAMLError as exc:
-        raise SpecError([f"document: not valid YAML: {exc}"]) from None
+        raise SpecError([Problem("document", f"not valid YAML: {exc}")]) from None
     if not isinstance(doc, dict):
-        raise SpecError(["document: expected a mapping with apiVersion, kind, metadata and spec"])
+        raise SpecError([Problem("document", "expected a mapping with apiVersion, kind, metadata and spec")])
     problems = Problems()
     top = Section(doc, "", problems)
     api_version = top.raw("apiVersion")

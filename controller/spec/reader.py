@@ -10,18 +10,20 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from tether.controller.errors import Problem
+
 Check = Callable[[str], str]
 
 
 class Problems:
-    """Every problem (``path: message``) and note found while reading one document."""
+    """Every problem (its path and message) and note (``path: message``) found reading one document."""
 
     def __init__(self) -> None:
-        self.items: list[str] = []
+        self.items: list[Problem] = []
         self.notes: list[str] = []
 
     def add(self, path: str, message: str) -> None:
-        self.items.append(f"{path}: {message}")
+        self.items.append(Problem(path, message))
 
     def note(self, path: str, message: str) -> None:
         self.notes.append(f"{path}: {message}")

@@ -55,3 +55,20 @@ class StepRecord:
     updated_ms: int = 0
     message: str = ""
     observed: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class AuditRecord:
+    """One mutating admin call (``tether.controller.audit``): who, what, when, how it ended; no secret."""
+
+    id: int  # 0 until stored; then increasing, never reused
+    time_ms: int
+    admin: str  # the admin certificate's name
+    fingerprint: str  # its SHA-256 fingerprint
+    method: str  # e.g. ApplyEnvironment
+    environment: str = ""
+    node: str = ""
+    generation_before: int = 0  # environment changes
+    generation_after: int = 0
+    outcome: str = "ok"  # or the status code's name (PERMISSION_DENIED, ABORTED ...)
+    detail: str = ""

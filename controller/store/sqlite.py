@@ -15,12 +15,13 @@ import queue
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import astuple, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
-from tether.controller.errors import StoreError
-from tether.controller.store.records import EnvironmentRecord, NodeRecord, StepRecord
+from tether.controller.errors import StoreError, check_generation
+from tether.controller.store.records import AuditRecord, EnvironmentRecord, NodeRecord, StepRecord
 from tether.controller.tokens import TokenRecord
 from tether.nodeagent.model import Event, EventKind, Plan, now_ms
 
@@ -28,8 +29,17 @@ T = TypeVar("T")
 WriteFn = Callable[[sqlite3.Connection], Any]
 CommitObserver = Callable[[float, int], None]  # (seconds, writes) of each group commit
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4  # 4: the audit log (its table is made with the others, by SCHEMA)
 KEEP_REVISIONS = 20  # an environment's past documents kept (and every one a node still runs)
+KEEP_AUDIT_RECORDS = 100_000  # the audit log's newest records kept; older ones are dropped as new come
+AUDIT_DDL = """
+CREATE TABLE IF NOT EXISTS audit (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, time_ms INTEGER NOT NULL, admin TEXT NOT NULL,
+    fingerprint TEXT NOT NULL, method TEXT NOT NULL, environment TEXT NOT NULL, node TEXT NOT NULL,
+    generation_before INTEGER NOT NULL, generation_after INTEGER NOT NULL, outcome TEXT NOT NULL,
+    detail TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS audit_by_environment ON audit (environment, id);
+"""
 REVISIONS_DDL = """
 CREATE TABLE IF NOT EXISTS environment_revisions (
     name TEXT NOT NULL, generation INTEGER NOT NULL, document TEXT NOT NULL, api_version TEXT NOT NULL,
@@ -68,6 +78,7 @@ CREATE TABLE IF NOT EXISTS events (
 CREATE TABLE IF NOT EXISTS kv (key TEXT PRIMARY KEY, value BLOB NOT NULL) WITHOUT ROWID;
 """
     + REVISIONS_DDL
+    + AUDIT_DDL
 )
 
 NODE_FIELDS = {
@@ -194,6 +205,10 @@ def _resolve_all(outcomes: list[_Outcome]) -> None:
 
 
 _ENV_COLUMNS = "name, document, api_version, spec, generation, created_ms, updated_ms, agent_version"
+_AUDIT_COLUMNS = (
+    "time_ms, admin, fingerprint, method, environment, node, generation_before, generation_after, "
+    "outcome, detail"
+)
 
 
 def _env(row: sqlite3.Row | tuple[Any, ...]) -> EnvironmentRecord:
@@ -351,12 +366,14 @@ class SqliteStore:
         api_version: str,
         spec: Mapping[str, Any],
         agent_version: str | None = None,
+        expected_generation: int = 0,
     ) -> tuple[EnvironmentRecord, bool]:
         spec_json = json.dumps(spec, sort_keys=True)
 
         def fn(conn: sqlite3.Connection) -> tuple[EnvironmentRecord, bool]:
             now = now_ms()
             row = conn.execute(f"SELECT {_ENV_COLUMNS} FROM environments WHERE name=?", (name,)).fetchone()
+            check_generation(name, row[4] if row else None, expected_generation)  # in the same transaction
             agent = (row[7] if row else "") if agent_version is None else agent_version
             if row is not None and row[3] == spec_json and row[1] == document and row[7] == agent:
                 return _env(row), False
@@ -519,6 +536,15 @@ class SqliteStore:
         else:
             rows = self._query(f"SELECT {_NODE_COLUMNS} FROM nodes ORDER BY name")
         return [_node(r) for r in rows]
+
+    def list_nodes_page(self, environment: str, after: str, limit: int) -> list[NodeRecord]:
+        """Up to ``limit`` nodes named after ``after``, by name: one page of a keyset scan."""
+        if environment:
+            where, args = "name > ? AND environment=?", [after, environment]
+        else:
+            where, args = "name > ?", [after]
+        sql = f"SELECT {_NODE_COLUMNS} FROM nodes WHERE {where} ORDER BY name LIMIT ?"
+        return [_node(r) for r in self._query(sql, [*args, limit])]
 
     async def update_node(self, name: str, **fields: Any) -> None:
         unknown = set(fields) - NODE_FIELDS
@@ -684,6 +710,34 @@ class SqliteStore:
     def max_seq(self, node: str) -> int:
         rows = self._query("SELECT MAX(seq) FROM events WHERE node=?", (node,))
         return int(rows[0][0] or 0)
+
+    # -- audit log ----------------------------------------------------------------------------
+
+    async def append_audit(self, record: AuditRecord) -> AuditRecord:
+        """Store ``record`` under the next id; records more than ``KEEP_AUDIT_RECORDS`` older go."""
+        values = astuple(record)[1:]
+
+        def fn(conn: sqlite3.Connection) -> AuditRecord:
+            cur = conn.execute(f"INSERT INTO audit ({_AUDIT_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?)", values)
+            new_id = int(cur.lastrowid or 0)
+            conn.execute("DELETE FROM audit WHERE id <= ?", (new_id - KEEP_AUDIT_RECORDS,))
+            return replace(record, id=new_id)
+
+        return await self._write(fn)
+
+    def list_audit(
+        self, environment: str = "", before_id: int = 0, limit: int = 100, environments: Collection[str] = ()
+    ) -> list[AuditRecord]:
+        where: list[str] = ["id < ?"]
+        args: list[Any] = [before_id or (1 << 63) - 1]  # 0: from the newest
+        if environment:
+            where.append("environment = ?")
+            args.append(environment)
+        if environments:
+            where.append(f"environment IN ({','.join('?' * len(environments))})")
+            args.extend(sorted(environments))
+        sql = f"SELECT id, {_AUDIT_COLUMNS} FROM audit WHERE {' AND '.join(where)} ORDER BY id DESC LIMIT ?"
+        return [AuditRecord(*r) for r in self._query(sql, [*args, limit])]
 
     # -- key/value ----------------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ import pytest
 
 from tether.controller import wire
 from tether.controller.admin_service import AdminService
+from tether.controller.auth import Kind, Principal
 from tether.controller.documents import check_size
 from tether.controller.errors import InvalidArgument
 from tether.controller.spec import load_document
@@ -34,9 +35,12 @@ class _Context:
         self.status = (code, details)
         raise _Aborted(details)
 
+    async def abort_with_status(self, status: grpc.Status) -> None:
+        await self.abort(status.code, status.details)
+
 
 def _service(max_document_bytes: int = 1 << 20) -> AdminService:
-    principal = SimpleNamespace(require_admin=lambda write: None, name="reader")
+    principal = Principal(Kind.ADMIN, "reader", role="admin")
     app = SimpleNamespace(
         config=SimpleNamespace(max_document_bytes=max_document_bytes),
         auth=SimpleNamespace(principal=lambda context: principal),

@@ -237,6 +237,9 @@ class Context:
     async def abort(self, code: grpc.StatusCode, details: str) -> None:
         raise Aborted(code, details)
 
+    async def abort_with_status(self, status: grpc.Status) -> None:
+        await self.abort(status.code, status.details)
+
 
 class Service:
     @unary
