@@ -55,13 +55,14 @@ class Group:
             with lock:
                 sys.stdout.buffer.write(prefix + line)
                 sys.stdout.buffer.flush()
+        self.proc.wait()
+        self.seconds = time.monotonic() - self.started  # its own time, not the other group's
 
     def wait(self) -> int:
         assert self.proc is not None
         assert self.reader is not None
         self.rc = self.proc.wait()
         self.reader.join()
-        self.seconds = time.monotonic() - self.started
         return self.rc
 
     def stop(self) -> None:
