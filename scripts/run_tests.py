@@ -55,6 +55,7 @@ class Group:
             with lock:
                 sys.stdout.buffer.write(prefix + line)
                 sys.stdout.buffer.flush()
+        self.proc.stdout.close()
         self.proc.wait()
         self.seconds = time.monotonic() - self.started  # its own time, not the other group's
 
