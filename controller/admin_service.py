@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterator
-from typing import Any
+import functools
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
+from typing import Any, TypeVar
 
-from tether.controller import __version__, admin_rollouts, audit, paging, tokens, wire
+from tether.controller import __version__, admin_rollouts, audit, enrollment, paging, tokens, wire
 from tether.controller.agent_service import AgentService
 from tether.controller.app import App
 from tether.controller.audit import audited
@@ -17,8 +19,10 @@ from tether.controller.errors import (
     InvalidArgument,
     NotFound,
     PermissionDenied,
+    Problem,
     check_generation,
 )
+from tether.controller.limits import STREAM_RECHECK_SECONDS
 from tether.controller.nodestate import node_state
 from tether.controller.rpc import stream, unary
 from tether.controller.store.records import NodeRecord
@@ -27,6 +31,7 @@ from tether.nodeagent.model import Event, HostFacts, Role, facts_from_dict, heal
 
 log = logs.get_logger("tether.controller.admin")
 MAX_EVENTS = 10_000
+T = TypeVar("T")
 
 
 class AdminService(wire.AdminServiceServicer):
@@ -61,6 +66,20 @@ class AdminService(wire.AdminServiceServicer):
                 f"admin {who.name!r} may not use node {name!r}: its environment is outside the admin's scope"
             )
         return node
+
+    def _scoped_token(self, who: Principal, token_id: str) -> tokens.TokenRecord:
+        """The token, looked up first (NOT_FOUND), then refused if of another environment: the
+        message does not name it (docs/admin-api.md, "Scopes")."""
+        held = self.app.store.get_token(token_id)
+        if held is None:
+            raise NotFound(f"token {token_id!r} not found")
+        audit.note(environment=held.environment)
+        if not who.may_see(held.environment):
+            raise PermissionDenied(
+                f"admin {who.name!r} may not use token {token_id!r}: "
+                "its environment is outside the admin's scope"
+            )
+        return held
 
     @unary
     async def GetVersion(self, request: wire.admin.GetVersionRequest, context: Any) -> Any:
@@ -99,6 +118,8 @@ class AdminService(wire.AdminServiceServicer):
             loaded.normalized,
             expected_generation=request.expected_generation,
         )
+        replaced = record.generation if not changed else record.generation - 1 if before else 0
+        audit.note(generation_before=replaced, generation_after=record.generation)  # not a concurrent one's
         app.planner.remember(record, loaded)  # plans render without parsing it again
         log.info(
             "environment applied",
@@ -152,8 +173,10 @@ class AdminService(wire.AdminServiceServicer):
         who = self._caller(context, write=True)
         self._in_scope(who, request.name)
         store, resets = self.app.store, self.agents.resets
-        if store.get_environment(request.name) is None:
+        env = store.get_environment(request.name)
+        if env is None:
             raise NotFound(f"environment {request.name!r} not found")
+        audit.note(generation_before=env.generation)
         nodes = store.list_nodes(request.name)
         live = [n for n in nodes if not n.revoked]
         if live and not (request.force or request.reset):
@@ -180,6 +203,7 @@ class AdminService(wire.AdminServiceServicer):
             for node in live:
                 await resets.revoke(node)
             await resets.delete_environment(request.name)
+        audit.note(generation_after=env.generation if request.reset and live else 0)  # reset: it goes later
         return wire.admin.DeleteEnvironmentResponse()
 
     # -- tokens -------------------------------------------------------------------------------
@@ -191,16 +215,19 @@ class AdminService(wire.AdminServiceServicer):
     ) -> wire.admin.CreateTokenResponse:
         who = self._caller(context, write=True)
         self._in_scope(who, request.environment)
+        audit.note(node=request.node_name)
         app = self.app
         if app.store.get_environment(request.environment) is None:
             raise NotFound(f"environment {request.environment!r} not found")
+        enrollment.check_token_name(app.store, request.environment, request.node_name)
         try:
             role = Role.parse(request.role or "worker").value
         except ValueError as exc:
-            raise InvalidArgument(str(exc)) from None
+            raise InvalidArgument(str(exc), [Problem("role", str(exc))]) from None
         ttl = request.ttl_seconds or tokens.DEFAULT_TTL_SECONDS
         if ttl > tokens.MAX_TTL_SECONDS:
-            raise InvalidArgument(f"ttl must be at most {tokens.MAX_TTL_SECONDS // 86400} days")
+            too_long = f"ttl must be at most {tokens.MAX_TTL_SECONDS // 86400} days"
+            raise InvalidArgument(too_long, [Problem("ttl_seconds", too_long)])
         uses = request.uses or tokens.DEFAULT_USES
         token_id, token = tokens.generate()
         secret_part = token.reveal().split(".", 1)[1]
@@ -260,9 +287,7 @@ class AdminService(wire.AdminServiceServicer):
         self, request: wire.admin.RevokeTokenRequest, context: Any
     ) -> wire.admin.RevokeTokenResponse:
         who = self._caller(context, write=True)
-        held = self.app.store.get_token(request.id)
-        if held is not None:
-            self._in_scope(who, held.environment)
+        self._scoped_token(who, request.id)
         if not await self.app.store.revoke_token(request.id):
             raise NotFound(f"token {request.id!r} not found")
         log.info("join token revoked", token_id=request.id, by=who.name)
@@ -389,7 +414,8 @@ class AdminService(wire.AdminServiceServicer):
         known = {s.name for s in self.app.store.node_steps(node.name)}
         unknown = [s for s in request.steps if s not in known]
         if unknown:
-            raise InvalidArgument(f"node {node.name!r} has no step(s) {', '.join(unknown)}")
+            no_steps = f"node {node.name!r} has no step(s) {', '.join(unknown)}"
+            raise InvalidArgument(no_steps, [Problem("steps", no_steps)])
         if not self.app.hub.connected(node.name):
             raise FailedPrecondition(f"node {node.name!r} is not connected")
         await self.app.store.reset_steps(node.name, list(request.steps))
@@ -432,6 +458,15 @@ class AdminService(wire.AdminServiceServicer):
             )
         else:
             raise InvalidArgument("FollowEvents needs a node or an environment")
+        recheck = functools.partial(self._still_allowed, context, request.environment, request.node)
+        async for e in _rechecked(self._follow(nodes, key, request), recheck):
+            yield e
+
+    async def _follow(
+        self, nodes: list[str], key: str, request: wire.admin.ListEventsRequest
+    ) -> AsyncGenerator[Any, None]:
+        """FollowEvents once its caller is checked: the stored events, then the live ones."""
+        app = self.app
         follower = app.hub.follow([key])
         try:
             last: dict[str, int] = {}
@@ -655,10 +690,52 @@ class AdminService(wire.AdminServiceServicer):
         if self.app.watch is None:
             raise FailedPrecondition("this controller keeps no node watch")
         node_pb = lambda record: self._node_pb(record, detail=False)  # noqa: E731
-        async for event in self.app.watch.events(
+        changes = self.app.watch.events(
             request.environment, request.revision, principal.environments, node_pb
-        ):
+        )
+        recheck = functools.partial(self._still_allowed, context, request.environment, "")
+        async for event in _rechecked(changes, recheck):
             yield event
+
+    def _still_allowed(self, context: Any, environment: str, node: str) -> None:
+        """An open stream's caller, checked again (WatchNodes, FollowEvents): a revoked certificate
+        is UNAUTHENTICATED, a scope the registry no longer records for it PERMISSION_DENIED, and so
+        is a followed node that has moved to an environment outside the scope."""
+        who = self._caller(context, write=False)
+        if environment:
+            who.require_environment(environment)
+        record = self.app.store.get_node(node) if node and who.scoped else None
+        if record is not None and not who.may_see(record.environment):
+            raise PermissionDenied(f"admin {who.name!r} may no longer follow node {node!r}")
+
+
+async def _rechecked(source: AsyncIterator[T], check: Callable[[], None]) -> AsyncIterator[T]:
+    """``source``'s items, ``check`` (it raises to end the call) run before each one and at least
+    every STREAM_RECHECK_SECONDS while none comes. ``source`` runs in a task of its own, which
+    is kept across the waits (an item is never lost) and cancelled when the call ends."""
+    pending: asyncio.Future[T] | None = None
+    try:
+        while True:
+            if pending is None:
+                pending = asyncio.ensure_future(anext(source))
+            done, _ = await asyncio.wait({pending}, timeout=STREAM_RECHECK_SECONDS)
+            check()
+            if not done:
+                continue
+            try:
+                item = pending.result()
+            except StopAsyncIteration:
+                return
+            pending = None
+            yield item
+    finally:
+        if pending is not None:
+            pending.cancel()
+            await asyncio.wait({pending})
+            if not pending.cancelled():
+                pending.exception()  # retrieved: an end the check came before is not logged as lost
+        if isinstance(source, AsyncGenerator):
+            await source.aclose()
 
 
 def _named(e: Event, node: str) -> Event:

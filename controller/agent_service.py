@@ -92,6 +92,9 @@ class AgentService(wire.AgentServiceServicer):
                 # The same key again is a new certificate: as rare as a renewal.
                 raise ResourceExhausted("this node asked for certificates too often; try again later", 600.0)
             issued = app.ca.sign_node_csr(request.csr_pem, ask.node_name, app.config.node_cert_days)
+            moved = enrollment.elsewhere(token, existing)
+            if moved is not None:  # another environment's revoked node: forgotten, as node delete does
+                await self.resets.forget(moved)
             asked = ask
             node = await app.store.enroll_node(
                 ask.token_id, ask.node_name, lambda t, e: enrollment.decide(app.store, asked, issued, t, e)

@@ -12,8 +12,9 @@ by the process redactor and the request's own credentials, and cut to ``MAX_DETA
 refused document is summed up by the fields of its problems, never quoted.
 
 Calls by anything but an admin certificate (the anonymous identity, a node, a revoked or
-mismatched certificate) are refused before any admin is known and are not recorded: nothing
-that is not an admin can push records out of the bounded log (``store.sqlite.KEEP_AUDIT_RECORDS``).
+mismatched certificate) are refused before any admin is known and are not recorded. The store
+bounds refusals apart from successes (``store.sqlite.KEEP_AUDIT_REFUSALS``, ``KEEP_AUDIT_RECORDS``):
+a read-only or scoped admin's refused calls never push a change out of the log.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ Describe = Callable[[Any, Any], str]  # (request, reply or the last streamed mes
 
 MAX_DETAIL_CHARS = 300  # an audit record's detail is cut here
 SECRET_FIELDS = frozenset({"private_key", "passphrase", "password"})  # masked if a message quotes them
+MIN_SECRET_LINE_CHARS = 16  # each line of a multi-line credential this long is masked on its own
 
 
 @dataclass
@@ -53,13 +55,24 @@ class _Call:
     environment: str = ""
     node: str = ""
     generation_before: int = 0
+    generation_after: int | None = None  # what the method noted; None: read when the call ends
 
 
 _current: contextvars.ContextVar[_Call | None] = contextvars.ContextVar("tether_audit", default=None)
 
 
-def note(*, environment: str = "", node: str = "") -> None:
-    """Name what the running audited call acts on (the first name given stays); else nothing."""
+def note(
+    *,
+    environment: str = "",
+    node: str = "",
+    generation_before: int | None = None,
+    generation_after: int | None = None,
+) -> None:
+    """Name what the running audited call acts on (the first name given stays); else nothing.
+
+    A method that writes an environment notes the generations its own write replaced and made
+    (a read when the call ends could see a concurrent caller's write); what it does not note is
+    read: before, when the environment is first named, and after, when the call ends."""
     call = _current.get()
     if call is None:
         return
@@ -69,6 +82,10 @@ def note(*, environment: str = "", node: str = "") -> None:
         call.environment = environment
         if call.generations:
             call.generation_before = _generation(call.store, environment)
+    if generation_before is not None:
+        call.generation_before = generation_before
+    if generation_after is not None:
+        call.generation_after = generation_after
 
 
 def audited(
@@ -154,8 +171,10 @@ def _begin(app: Any, context: Any, generations: bool) -> _Call | None:
 
 async def _finish(app: Any, call: _Call, method: str, request: Any, outcome: str, detail: str) -> None:
     """Store the record; a failure to store it is logged and never changes the call's outcome."""
-    after = _generation(call.store, call.environment) if call.generations and call.environment else 0
-    masked = _mask(app.redactor, request, " ".join(detail.split()))
+    after = call.generation_after
+    if after is None:
+        after = _generation(call.store, call.environment) if call.generations and call.environment else 0
+    masked = _mask(app.redactor, request, detail)
     p = call.principal
     record = AuditRecord(
         id=0,
@@ -207,10 +226,13 @@ def _refusal(exc: ControllerError, request: Any) -> str:
 
 
 def _mask(redactor: Redactor, request: Any, text: str) -> str:
-    """``text`` without any known secret nor any credential of the request, cut to the limit."""
+    """``text`` without any known secret nor any credential of the request, on one line, cut to
+    the limit. Masked before its whitespace is collapsed: a secret holding a tab, a newline or two
+    spaces would no longer match once collapsed, and again after (a shape the collapse joined)."""
     own = _request_secrets(request)
     if own:
         text = Redactor(own).redact(text)
+    text = " ".join(redactor.redact(text).split())
     return redactor.redact_cut(text, MAX_DETAIL_CHARS)[0]
 
 
@@ -221,8 +243,16 @@ def _request_secrets(message: Any, depth: int = 0) -> list[str]:
         if field.message_type is not None and not field.is_repeated and depth < 3:
             out += _request_secrets(value, depth + 1)
         elif field.name in SECRET_FIELDS and isinstance(value, (str, bytes)):
-            out.append(value.decode("utf-8", "replace") if isinstance(value, bytes) else value)
+            out += _secret_forms(value.decode("utf-8", "replace") if isinstance(value, bytes) else value)
     return out
+
+
+def _secret_forms(value: str) -> list[str]:
+    """A credential as given and as a message's ``!r`` quotes it (tabs, newlines escaped), and each
+    line of it long enough to be its own (a private key's PEM lines: a refusal's first line may
+    hold one of them only)."""
+    lines = [line.strip() for line in value.splitlines() if len(line.strip()) >= MIN_SECRET_LINE_CHARS]
+    return list(dict.fromkeys([value, repr(value)[1:-1], *lines]))
 
 
 # -- ListAuditRecords ----------------------------------------------------------------------------

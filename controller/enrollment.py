@@ -19,7 +19,7 @@ from cryptography.hazmat.primitives import serialization
 
 from tether.controller import tokens, wire
 from tether.controller.ca import IssuedCert
-from tether.controller.errors import AlreadyExists, InvalidArgument, TokenRejected
+from tether.controller.errors import AlreadyExists, FailedPrecondition, InvalidArgument, TokenRejected
 from tether.controller.store.base import Store
 from tether.controller.store.records import NodeRecord
 from tether.controller.tokens import TokenRecord
@@ -116,6 +116,22 @@ def check_not_enrolled(ask: EnrollAsk, existing: NodeRecord | None) -> None:
         )
 
 
+def elsewhere(token: TokenRecord | None, existing: NodeRecord | None) -> NodeRecord | None:
+    """The existing record when this enrollment takes its name into another environment: that
+    node is forgotten first (events, steps and all), so none of its history moves along."""
+    if token is None or existing is None or existing.environment == token.environment:
+        return None
+    return existing
+
+
+def check_token_name(store: Store, environment: str, name: str) -> None:
+    """A token bound to ``name`` for ``environment``: refused while another environment holds a
+    node of that name (its environment is not named: the caller may not be allowed to see it)."""
+    node = store.get_node(name.strip().lower()) if name else None
+    if node is not None and node.environment != environment:
+        raise FailedPrecondition(f"node {node.name!r} is enrolled in another environment: delete it first")
+
+
 def check(store: Store, ask: EnrollAsk, token: TokenRecord | None, existing: NodeRecord | None) -> None:
     """Raise unless this call may enroll (or re-enroll, for a retry) now."""
     now = now_ms()
@@ -156,6 +172,7 @@ def decide(
         token_id=token.id,
         enrolled_ms=now_ms(),
         facts=ask.facts,
-        stored_seq=existing.stored_seq if existing else 0,
+        # A name taken over from another environment starts its sequence afresh (its history is gone).
+        stored_seq=existing.stored_seq if existing and elsewhere(token, existing) is None else 0,
     )
     return fresh, True

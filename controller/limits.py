@@ -48,6 +48,9 @@ QUOTA_PAUSE_SECONDS = 5.0  # longest pause in reading a node over its output quo
 # -- admin side --------------------------------------------------------------------------------
 FOLLOWER_QUEUE_BYTES = 8 * MiB  # events queued for one FollowEvents call; over it, it is cut off
 PLAN_CACHE_ENTRIES = 256  # rendered plans and plan messages kept
+# An open WatchNodes / FollowEvents checks its caller again (revoked? scope changed?) on every
+# event and at least this often while idle: a revoked admin's stream ends within about this long.
+STREAM_RECHECK_SECONDS = 2.0
 # An error's status as sent (message and google.rpc.Status details, encoded): under the 8 KiB
 # metadata limit every gRPC client has by default; problems past it are counted, not listed.
 ERROR_STATUS_BYTES = 7 * KiB

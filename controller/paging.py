@@ -22,7 +22,7 @@ from typing import Generic, TypeVar
 
 from google.protobuf.message import Message
 
-from tether.controller.errors import InvalidArgument
+from tether.controller.errors import InvalidArgument, Problem
 from tether.nodeagent.limits import KiB, MiB
 
 DEFAULT_PAGE_SIZE = 100  # items a page holds when the request says page_size 0
@@ -74,10 +74,11 @@ def decode_token(token: str, query: str) -> str:
     this query handed out."""
     if not token:
         return ""
-    invalid = InvalidArgument(
+    message = (
         "page_token is not valid for this request (it came with other request fields, was changed, "
         "or is not a page token): list again without it"
     )
+    invalid = InvalidArgument(message, [Problem("page_token", message)])
     if len(token) > MAX_PAGE_TOKEN_BYTES:
         raise invalid
     try:

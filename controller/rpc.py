@@ -4,7 +4,9 @@ Every ``ControllerError`` ends the call with its ``code`` (docs/admin-api.md, "E
 ``InvalidArgument`` also carries a ``google.rpc.Status`` whose details hold a
 ``google.rpc.BadRequest``: one field violation per problem (``field``: the spec path). The plain
 status message is the problems, one per line, for clients that read only that. Both together
-stay within ``ERROR_STATUS_BYTES`` (problems past it are counted in a last line, not listed).
+stay within ``ERROR_STATUS_BYTES`` (problems past it are counted in a last line, not listed; the
+first is always listed, its description cut to fit). A problem whose message is the error's own
+(a request field's, e.g. ``page_token``) is its message alone in the plain message.
 """
 
 from __future__ import annotations
@@ -35,20 +37,54 @@ def _wire_len(text: str) -> int:
     return sum(1 if 0x20 <= b <= 0x7E and b != 0x25 else 3 for b in text.encode())
 
 
-def _listed(exc: InvalidArgument, budget: int = ERROR_STATUS_BYTES) -> list[Problem]:
-    """The problems that fit the budget, in order; the rest counted in one last problem. Each
-    costs its line in the grpc-message trailer and, base64-encoded in the details trailer, that line
-    again (``Status.message``) and its field violation."""
-    kept: list[Problem] = []
+def _line(exc: InvalidArgument, problem: Problem) -> str:
+    """A problem's line in the plain message: ``field: message``, or the message alone where it is
+    the error's own (one request field's error, e.g. ``ttl_seconds``, says what it is about)."""
+    return problem.message if problem.message == str(exc) else str(problem)
+
+
+def _cost(problem: Problem, line: str) -> int:
+    """What one problem costs: its line in the grpc-message trailer and, base64-encoded in the
+    details trailer, that line again (``Status.message``) and its field violation."""
+    entry = BadRequest.FieldViolation(field=problem.field, description=problem.message)
+    return _wire_len(line) + 3 + (len(line.encode()) + 1 + entry.ByteSize() + 3) * 4 // 3 + 2
+
+
+def _cut(exc: InvalidArgument, problem: Problem, room: int) -> tuple[Problem, str]:
+    """``problem`` with its description cut (ending in "…") to the longest that costs ``room``."""
+    bare = _line(exc, problem) == problem.message
+
+    def shortened(keep: int) -> tuple[Problem, str]:
+        cut = Problem(problem.field, problem.message[:keep] + "…")
+        return cut, cut.message if bare else str(cut)
+
+    low, high = 0, len(problem.message)  # the longest kept prefix fitting lies in [low, high]
+    while low < high:
+        middle = (low + high + 1) // 2
+        if _cost(*shortened(middle)) <= room:
+            low = middle
+        else:
+            high = middle - 1
+    return shortened(low)
+
+
+def _listed(exc: InvalidArgument, budget: int = ERROR_STATUS_BYTES) -> list[tuple[Problem, str]]:
+    """The problems that fit the budget, in order, each with its line; the rest counted in one last
+    problem. The first is always kept, its description cut to fit if it alone is over."""
+    kept: list[tuple[Problem, str]] = []
     used = _STATUS_OVERHEAD
     for problem in exc.violations:
-        line = str(problem)
-        entry = BadRequest.FieldViolation(field=problem.field, description=problem.message)
-        used += _wire_len(line) + 3 + (len(line.encode()) + 1 + entry.ByteSize() + 3) * 4 // 3 + 2
-        if used > budget:
-            kept.append(Problem("", f"{len(exc.violations) - len(kept)} more problem(s) not listed"))
+        line = _line(exc, problem)
+        cost = _cost(problem, line)
+        if used + cost > budget and not kept:
+            problem, line = _cut(exc, problem, budget - used)
+            cost = _cost(problem, line)
+        elif used + cost > budget:
+            left = Problem("", f"{len(exc.violations) - len(kept)} more problem(s) not listed")
+            kept.append((left, str(left)))
             break
-        kept.append(problem)
+        used += cost
+        kept.append((problem, line))
     return kept
 
 
@@ -57,13 +93,13 @@ def status_of(exc: ControllerError) -> grpc.Status:
     (the message: one line per problem, as the violations say them)."""
     if not isinstance(exc, InvalidArgument):
         return rpc_status.to_status(Status(code=exc.code.value[0], message=str(exc)))
-    problems = _listed(exc)
+    listed = _listed(exc)
     bad = BadRequest(
-        field_violations=[BadRequest.FieldViolation(field=p.field, description=p.message) for p in problems]
+        field_violations=[BadRequest.FieldViolation(field=p.field, description=p.message) for p, _ in listed]
     )
     detail = any_pb2.Any()
     detail.Pack(bad)
-    message = "\n".join(str(p) for p in problems)
+    message = "\n".join(line for _, line in listed)
     return rpc_status.to_status(Status(code=exc.code.value[0], message=message, details=[detail]))
 
 

@@ -1,13 +1,15 @@
-"""Waiting until an environment's nodes are provisioned: the check ``tetherctl wait --env`` makes."""
+"""Waiting until nodes are provisioned on their environment's current generation: the one check
+behind ``tetherctl wait`` (``--env``: ``check``; ``--node``: ``check_nodes``) and ``wait_for_nodes``."""
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from tether.controller.client.errors import FailedPreconditionError
+from tether.controller.client.errors import FailedPreconditionError, NotFoundError
 from tether.v1 import admin_pb2
 
 POLL_SECONDS = 1.0  # between two checks
@@ -42,23 +44,57 @@ class Progress:
 def check(client: Reader, environment: str, min_nodes: int = 1) -> Progress:
     """How far ``environment``'s nodes are (revoked nodes left out, ``min_nodes`` at least)."""
     env = client.get_environment(environment)
-    rollout = client.get_rollout(environment)
-    if rollout is not None and rollout.state == "halted":
-        reason = f"the rollout of {environment} (generation {rollout.generation}) halted: {rollout.reason}"
-        return Progress(False, reason, 0, 0, "")
+    halted = _halted(client, env.name)
+    if halted:
+        return Progress(False, halted, 0, 0, "")
     nodes = [n for n in client.iter_nodes(environment) if n.state != "revoked"]
+    progress = _judge(client, nodes, {env.name: env})
+    if progress.failure or len(nodes) >= min_nodes:
+        return progress
+    return Progress(False, "", len(nodes), progress.provisioned, f"{len(nodes)}/{min_nodes} node(s) enrolled")
+
+
+def check_nodes(client: Reader, names: Sequence[str]) -> Progress:
+    """How far the nodes ``names`` are (a revoked one fails; one not enrolled yet is waited for)."""
+    found: list[admin_pb2.Node] = []
+    missing: list[str] = []
+    for name in names:
+        try:
+            found.append(client.get_node(name))
+        except NotFoundError:
+            missing.append(name)
+    envs: dict[str, admin_pb2.Environment] = {}
+    for n in found:
+        if n.environment not in envs:
+            envs[n.environment] = client.get_environment(n.environment)
+            halted = _halted(client, n.environment)
+            if halted:
+                return Progress(False, halted, len(found), 0, "")
+    progress = _judge(client, found, envs)
+    if missing and not progress.failure:
+        waiting = f"waiting for {', '.join(missing)} to enroll"
+        return Progress(False, "", len(found), progress.provisioned, waiting)
+    return progress
+
+
+def _judge(
+    client: Reader, nodes: Sequence[admin_pb2.Node], envs: Mapping[str, admin_pb2.Environment]
+) -> Progress:
+    """Done when every node is provisioned on its environment's current generation (and agent
+    version); failed at the first node that failed a step there (or is revoked); else what is left."""
     behind, provisioning = 0, []
     for n in nodes:
+        env = envs[n.environment]
         current = n.plan_generation == env.generation
+        if n.state == "revoked":
+            return Progress(False, f"node {n.name} is revoked", len(nodes), 0, "")
         if n.state == "failed" and current:
-            return Progress(False, _failed(client, n.name), len(nodes), 0, "")
+            return Progress(False, _failed(client, n), len(nodes), 0, "")
         if not current or (env.agent_version and n.agent_version != env.agent_version):
             behind += 1
         elif n.state != "provisioned":
             provisioning.append(f"{n.name} ({n.state})")
     done = len(nodes) - behind - len(provisioning)
-    if len(nodes) < min_nodes:
-        return Progress(False, "", len(nodes), done, f"{len(nodes)}/{min_nodes} node(s) enrolled")
     if not behind and not provisioning:
         return Progress(True, "", len(nodes), done, "")
     parts = [f"{done}/{len(nodes)} provisioned"]
@@ -71,11 +107,44 @@ def check(client: Reader, environment: str, min_nodes: int = 1) -> Progress:
     return Progress(False, "", len(nodes), done, "; ".join(parts))
 
 
-def _failed(client: Reader, name: str) -> str:
-    step = next((s for s in client.get_node(name).steps if s.state == "failed"), None)
-    if step is None:
-        return f"node {name} failed"
-    return f"node {name}: step {step.name} failed ({step.message or f'exit {step.exit_code}'})"
+def _failed(client: Reader, node: admin_pb2.Node) -> str:
+    """The failure of a failed node: its failed step (a list's nodes have no steps: read it)."""
+    steps = list(node.steps)
+    if not steps:
+        with contextlib.suppress(NotFoundError):  # deleted since it was listed
+            steps = list(client.get_node(node.name).steps)
+    step = next((s for s in steps if s.state == "failed"), None)
+    what = f"step {step.name} failed ({step.message or f'exit {step.exit_code}'})" if step else "failed"
+    return f"node {node.name}: {what}"
+
+
+def _halted(client: Reader, environment: str) -> str:
+    """Why the environment's rollout halted ("" unless it did)."""
+    rollout = client.get_rollout(environment)
+    if rollout is None or rollout.state != "halted":
+        return ""
+    return f"the rollout of {environment} (generation {rollout.generation}) halted: {rollout.reason}"
+
+
+def wait_until(
+    check_once: Callable[[], Progress],
+    *,
+    timeout: float = DEFAULT_WAIT_SECONDS,
+    poll_seconds: float = POLL_SECONDS,
+    on_progress: Callable[[Progress], None] | None = None,
+) -> Progress:
+    """``check_once`` until done, failed or ``timeout`` seconds; ``on_progress`` sees each check
+    whose ``waiting`` line changed. The last check is returned (``timed_out`` if neither)."""
+    deadline = time.monotonic() + timeout
+    shown = None
+    while True:
+        progress = check_once()
+        if on_progress is not None and progress.waiting != shown:
+            on_progress(progress)
+            shown = progress.waiting
+        if progress.done or progress.failure or time.monotonic() >= deadline:
+            return progress
+        time.sleep(min(poll_seconds, max(0.0, deadline - time.monotonic())))
 
 
 def wait_for_nodes(
@@ -87,18 +156,13 @@ def wait_for_nodes(
     poll_seconds: float = POLL_SECONDS,
     on_progress: Callable[[Progress], None] | None = None,
 ) -> Progress:
-    """Check until done, failed or ``timeout`` seconds; ``on_progress`` sees each check whose
-    ``waiting`` line changed. The last check is returned (``timed_out`` if neither)."""
-    deadline = time.monotonic() + timeout
-    shown = None
-    while True:
-        progress = check(client, environment, min_nodes)
-        if on_progress is not None and progress.waiting != shown:
-            on_progress(progress)
-            shown = progress.waiting
-        if progress.done or progress.failure or time.monotonic() >= deadline:
-            return progress
-        time.sleep(min(poll_seconds, max(0.0, deadline - time.monotonic())))
+    """Check ``environment`` until done, failed or ``timeout`` seconds (see ``wait_until``)."""
+    return wait_until(
+        lambda: check(client, environment, min_nodes),
+        timeout=timeout,
+        poll_seconds=poll_seconds,
+        on_progress=on_progress,
+    )
 
 
 def rollout_or_none(fetch: Callable[[], admin_pb2.Rollout]) -> admin_pb2.Rollout | None:

@@ -57,7 +57,8 @@ class Store(Protocol):
     def max_seq(self, node: str) -> int: ...
     async def accept_acked(self, node: str, acked_seq: int) -> int: ...
 
-    # audit log (tether.controller.audit): the record stored with its id, the last KEEP_AUDIT_RECORDS kept
+    # audit log (tether.controller.audit): the record stored with its id; the last KEEP_AUDIT_RECORDS
+    # successful records and, apart, the last KEEP_AUDIT_REFUSALS refusals kept
     async def append_audit(self, record: AuditRecord) -> AuditRecord: ...
     # newest first, ids below before_id (0: from the newest); environments: only those ("" in it
     # for records of no environment), empty: every record

@@ -31,7 +31,8 @@ CommitObserver = Callable[[float, int], None]  # (seconds, writes) of each group
 
 SCHEMA_VERSION = 4  # 4: the audit log (its table is made with the others, by SCHEMA)
 KEEP_REVISIONS = 20  # an environment's past documents kept (and every one a node still runs)
-KEEP_AUDIT_RECORDS = 100_000  # the audit log's newest records kept; older ones are dropped as new come
+KEEP_AUDIT_RECORDS = 100_000  # the audit log's newest successful records kept; older ones go as new come
+KEEP_AUDIT_REFUSALS = 10_000  # its newest refusals (outcome not "ok"), kept apart: they never evict a change
 AUDIT_DDL = """
 CREATE TABLE IF NOT EXISTS audit (
     id INTEGER PRIMARY KEY AUTOINCREMENT, time_ms INTEGER NOT NULL, admin TEXT NOT NULL,
@@ -39,6 +40,7 @@ CREATE TABLE IF NOT EXISTS audit (
     generation_before INTEGER NOT NULL, generation_after INTEGER NOT NULL, outcome TEXT NOT NULL,
     detail TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS audit_by_environment ON audit (environment, id);
+CREATE INDEX IF NOT EXISTS audit_refusals ON audit (id) WHERE outcome != 'ok';
 """
 REVISIONS_DDL = """
 CREATE TABLE IF NOT EXISTS environment_revisions (
@@ -714,14 +716,23 @@ class SqliteStore:
     # -- audit log ----------------------------------------------------------------------------
 
     async def append_audit(self, record: AuditRecord) -> AuditRecord:
-        """Store ``record`` under the next id; records more than ``KEEP_AUDIT_RECORDS`` older go."""
+        """Store ``record`` under the next id; the oldest go past ``KEEP_AUDIT_RECORDS`` successful
+        records or ``KEEP_AUDIT_REFUSALS`` refusals, each bound trimmed apart (refusals, which any
+        admin can cause, never push a change out)."""
         values = astuple(record)[1:]
 
         def fn(conn: sqlite3.Connection) -> AuditRecord:
             cur = conn.execute(f"INSERT INTO audit ({_AUDIT_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?)", values)
-            new_id = int(cur.lastrowid or 0)
-            conn.execute("DELETE FROM audit WHERE id <= ?", (new_id - KEEP_AUDIT_RECORDS,))
-            return replace(record, id=new_id)
+            refusals = int(conn.execute("SELECT count(*) FROM audit WHERE outcome != 'ok'").fetchone()[0])
+            changes = int(conn.execute("SELECT count(*) FROM audit").fetchone()[0]) - refusals
+            for op, excess in (("!=", refusals - KEEP_AUDIT_REFUSALS), ("=", changes - KEEP_AUDIT_RECORDS)):
+                if excess > 0:  # the oldest of that kind go (refusals by their index)
+                    conn.execute(
+                        "DELETE FROM audit WHERE id IN (SELECT id FROM audit WHERE outcome "
+                        f"{op} 'ok' ORDER BY id LIMIT ?)",
+                        (excess,),
+                    )
+            return replace(record, id=int(cur.lastrowid or 0))
 
         return await self._write(fn)
 

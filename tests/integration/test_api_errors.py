@@ -92,6 +92,26 @@ def test_an_invalid_document_is_invalid_argument_with_a_field_violation_per_prob
     assert [(v.field, v.description) for v in err.field_violations] == expected
 
 
+def test_errors_of_a_request_field_name_it_in_their_violation(stub: admin_pb2_grpc.AdminServiceStub) -> None:
+    _apply(stub, _doc("one"))
+    bad_page = admin_pb2.ListNodesRequest(page_token="not-a-token")
+    calls = {
+        "page_token": lambda: stub.ListNodes(bad_page, timeout=30),
+        "ttl_seconds": lambda: stub.CreateToken(
+            admin_pb2.CreateTokenRequest(environment="lab", ttl_seconds=400 * 86400), timeout=30
+        ),
+    }
+    for field, call in calls.items():
+        with pytest.raises(grpc.RpcError) as caught:
+            call()
+        err = from_rpc_error(caught.value)
+        assert isinstance(err, InvalidArgumentError), (field, err)
+        (violation,) = err.field_violations
+        # the field in the violation; the message as it always was (it does not repeat the field)
+        assert (violation.field, violation.description) == (field, caught.value.details()), field
+    assert caught.value.details() == "ttl must be at most 365 days"
+
+
 def test_a_stale_expected_generation_is_aborted_naming_the_current_one(
     stub: admin_pb2_grpc.AdminServiceStub,
 ) -> None:

@@ -159,6 +159,8 @@ def test_a_scoped_admin_is_refused_on_another_environments_nodes_tokens_and_even
         err = refused(call)
         assert err.code() == DENIED, (what, err.code(), err.details())
     assert "admin 'ci' may not use environment 'prod'" in refused(calls["CreateToken"]).details()
+    for what in ("RevokeToken", "GetNode"):  # a token or node of another environment: it is not named
+        assert "'prod'" not in refused(calls[what]).details(), what
     # A name that exists nowhere is NOT_FOUND, as for every admin; the prod node and token are untouched.
     assert refused(lambda: ci.GetNode(wire.admin.GetNodeRequest(name="nope"), timeout=10)).code() == (
         grpc.StatusCode.NOT_FOUND
@@ -329,3 +331,110 @@ def test_a_certificate_whose_scope_differs_from_its_record_is_refused(fleet: Fle
     wait_for(refused_now, timeout=15, what="the mismatched certificate refused")
     for channel in channels:
         channel.close()
+
+
+def test_a_name_taken_over_from_another_environment_brings_none_of_its_history(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    a, ci, controller = fleet.admin, fleet.ci, fleet.controller
+    prods = [
+        (e.seq, e.time_ms, e.message)
+        for e in a.ListEvents(wire.admin.ListEventsRequest(node="prod-1"), timeout=10).events
+    ]
+    assert prods
+    moved = "node 'prod-1' is enrolled in another environment: delete it first"  # prod is not named
+    bound = wire.admin.CreateTokenRequest(environment="lab", node_name="prod-1")
+    err = refused(lambda: ci.CreateToken(bound, timeout=10))
+    assert (err.code(), err.details()) == (grpc.StatusCode.FAILED_PRECONDITION, moved)
+    a.RevokeNode(wire.admin.RevokeNodeRequest(name="prod-1"), timeout=10)  # revoked, not deleted
+    agent = Agent(tmp_path, "prod-1", controller)  # a machine of lab's, enrolled under that name
+    agent.start(token(controller, "lab"), ca_hash(controller))
+    try:
+
+        def enrolled_in_lab() -> bool:
+            node = a.GetNode(wire.admin.GetNodeRequest(name="prod-1"), timeout=10)
+            return node.environment == "lab" and node.state == "provisioned"
+
+        wait_for(enrolled_in_lab, timeout=60, what="prod-1 enrolled into lab")
+        seen = ci.ListEvents(wire.admin.ListEventsRequest(node="prod-1"), timeout=10).events
+        assert seen and seen[0].seq == 1  # its sequence starts afresh
+        assert not {(e.seq, e.time_ms, e.message) for e in seen} & set(prods)
+        followed = ci.FollowEvents(wire.admin.ListEventsRequest(node="prod-1"), timeout=10)
+        first = next(iter(followed))
+        followed.cancel()
+        assert (first.seq, first.time_ms, first.message) == (seen[0].seq, seen[0].time_ms, seen[0].message)
+        # Now lab holds the name: a token bound to it is refused for prod, allowed for lab.
+        err = refused(
+            lambda: a.CreateToken(
+                wire.admin.CreateTokenRequest(environment="prod", node_name="prod-1"), timeout=10
+            )
+        )
+        assert (err.code(), err.details()) == (grpc.StatusCode.FAILED_PRECONDITION, moved)
+        assert ci.CreateToken(bound, timeout=10).info.node_name == "prod-1"
+    finally:
+        agent.kill()
+
+
+def revoke_admin(controller: Controller, name: str) -> None:
+    subprocess.run(
+        [
+            *(str(BIN / "tether-controller"), "admin", "revoke", "--data-dir", str(controller.data_dir)),
+            *("--name", name),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+
+
+def ended_with(call: Any) -> grpc.StatusCode:
+    """Read an open stream to its end: the code it ended with (the deadline bounds a stream never cut)."""
+    try:
+        for _ in call:
+            pass
+    except grpc.RpcError as exc:
+        return exc.code()  # type: ignore[no-any-return]
+    return grpc.StatusCode.OK
+
+
+def test_open_watches_and_follows_end_once_the_admin_certificate_is_revoked(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    conf = tmp_path / "watcher.conf"
+    issue(fleet.controller, conf, "watcher", "--role", "read-only", "--environments", "lab")
+    channels: list[grpc.Channel] = []
+    watcher = connect(conf, channels)
+    try:
+        watch = watcher.WatchNodes(wire.admin.WatchNodesRequest(environment="lab"), timeout=60)
+        follow_node = watcher.FollowEvents(wire.admin.ListEventsRequest(node="lab-1"), timeout=60)
+        follow_env = watcher.FollowEvents(wire.admin.ListEventsRequest(environment="lab"), timeout=60)
+        assert next(iter(watch)).node.environment == "lab"  # open, and answering
+        assert next(iter(follow_node)).seq >= 1
+        assert next(iter(follow_env)).seq >= 1
+        revoke_admin(fleet.controller, "watcher")
+        for call in (watch, follow_node, follow_env):
+            assert ended_with(call) == grpc.StatusCode.UNAUTHENTICATED
+    finally:
+        for channel in channels:
+            channel.close()
+
+
+def test_an_open_watch_ends_once_the_registry_records_another_scope(fleet: Fleet, tmp_path: Path) -> None:
+    conf = tmp_path / "narrowed.conf"
+    issue(fleet.controller, conf, "narrowed", "--role", "read-only", "--environments", "lab")
+    channels: list[grpc.Channel] = []
+    narrowed = connect(conf, channels)
+    try:
+        watch = narrowed.WatchNodes(wire.admin.WatchNodesRequest(), timeout=60)
+        assert next(iter(watch)).node.environment == "lab"
+        path = fleet.controller.data_dir / "pki" / "admins.json"
+        doc = json.loads(path.read_text())
+        for entry in doc["admins"]:
+            if entry["name"] == "narrowed":
+                entry["environments"] = ["prod"]
+        path.write_text(json.dumps(doc))
+        assert ended_with(watch) == DENIED
+    finally:
+        for channel in channels:
+            channel.close()

@@ -152,6 +152,36 @@ def test_many_problems_stay_within_the_error_budget_and_say_how_many_were_left_o
     assert sent <= ERROR_STATUS_BYTES
 
 
+def _sent(status: grpc.Status) -> int:
+    details_bin = dict(status.trailing_metadata)[DETAILS_KEY]
+    assert isinstance(details_bin, bytes)
+    return len(status.details.encode()) + 2 * status.details.count("\n") + len(base64.b64encode(details_bin))
+
+
+@pytest.mark.parametrize("char", ["x", "é"])
+def test_one_problem_over_the_budget_is_kept_its_description_cut_to_fit(char: str) -> None:
+    long = char * (2 * ERROR_STATUS_BYTES)
+    status = status_of(InvalidArgument("invalid", [Problem("spec.a", long)]))
+    ((field, description),) = _violations(status)
+    assert field == "spec.a" and description.endswith("…") and len(description) > 100
+    assert long.startswith(description[:-1])
+    assert status.details == f"spec.a: {description}"
+    assert _sent(status) <= ERROR_STATUS_BYTES
+    # with more problems after it: the first, cut, then how many were left out
+    status = status_of(InvalidArgument("invalid", [Problem("spec.a", long), Problem("spec.b", "short")]))
+    violations = _violations(status)
+    assert [v[0] for v in violations] == ["spec.a", ""] and violations[0][1].endswith("…")
+    assert violations[1] == ("", "1 more problem(s) not listed")
+    assert _sent(status) <= ERROR_STATUS_BYTES
+
+
+def test_a_request_fields_own_error_names_its_field_and_keeps_its_message() -> None:
+    message = "ttl must be at most 30 days"
+    status = status_of(InvalidArgument(message, [Problem("ttl_seconds", message)]))
+    assert status.details == message  # as before: the field goes into the violation only
+    assert _violations(status) == [("ttl_seconds", message)]
+
+
 def test_from_rpc_error_gives_the_class_of_the_code_with_the_field_violations() -> None:
     err = from_rpc_error(FakeCallError.of(status_of(_spec_error(INVALID))))
     assert isinstance(err, InvalidArgumentError) and err.code == grpc.StatusCode.INVALID_ARGUMENT
