@@ -103,6 +103,9 @@ def bootstrap(bed: Testbed, controller: Controller, workdir: Path) -> None:
     assert out.returncode == 0, out.stdout + out.stderr
 
 
+# Three bootstraps, an upgrade and a rollback: minutes on a loaded 2-core machine (its waits, not
+# pytest's default 300 s, bound it, so a failure says what it waited for).
+@pytest.mark.timeout(720)
 def test_three_nodes_upgrade_and_the_one_with_a_broken_bundle_rolls_back_by_itself(
     bed: Testbed, controller: Controller, tmp_path: Path
 ) -> None:
@@ -121,9 +124,11 @@ def test_three_nodes_upgrade_and_the_one_with_a_broken_bundle_rolls_back_by_itse
     def settled() -> dict[str, dict[str, Any]] | None:
         current = nodes(controller)
         versions = {n: current[n]["agent_version"] for n in names}
-        if versions["node1"] == versions["node2"] == V2 and rolled_back(controller, "node3") == V2:
+        back = rolled_back(controller, "node3")
+        if versions["node1"] == versions["node2"] == V2 and back == V2:
             return current
-        return None
+        states = {n: (current[n]["state"], current[n]["connected"]) for n in names}
+        raise AssertionError(f"versions {versions}, node3 rolled back from {back!r}, states {states}")
 
     current = wait_for(settled, 300, interval=2, what="two nodes on the new version, node3 rolled back")
     assert current is not None

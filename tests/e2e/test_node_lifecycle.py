@@ -127,6 +127,19 @@ def test_a_revoked_agent_stops_and_the_unit_leaves_it_stopped(lab: Lab) -> None:
     ], journal[-3000:]
 
 
+def wait_agent_gone(bed: Testbed, name: str) -> None:
+    """Until the reset agent has stopped and removed itself (it does so after its last event)."""
+
+    def agent_gone() -> dict[str, str] | None:
+        u = unit(bed, name)
+        return u if u.get("ActiveState") == "inactive" and not tether_processes(bed, name) else None
+
+    try:
+        wait_for(agent_gone, timeout=60, interval=0.5, what="the agent to have removed itself")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{where_is_the_agent(bed, name)}") from None
+
+
 def test_a_reset_node_is_clean_and_bootstraps_afresh(lab: Lab) -> None:
     bed, name = lab.bed, "node2"
     lab.apply(PLAIN_ENV, "life")
@@ -138,14 +151,7 @@ def test_a_reset_node_is_clean_and_bootstraps_afresh(lab: Lab) -> None:
     assert f"node/{name} reset: the node left and is forgotten" in out.stdout, out.stdout + out.stderr
     assert name not in nodes(lab)
 
-    def agent_gone() -> dict[str, str] | None:
-        u = unit(bed, name)
-        return u if u.get("ActiveState") == "inactive" and not tether_processes(bed, name) else None
-
-    try:
-        wait_for(agent_gone, timeout=30, interval=0.5, what="the agent to have removed itself")
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}\n{where_is_the_agent(bed, name)}") from None
+    wait_agent_gone(bed, name)
     bed.exec(name, "systemctl daemon-reload")
     assert unit(bed, name)["LoadState"] == "not-found"  # its unit file is gone
     assert bed.exec(name, f"ls -d {LEFTOVERS} 2>/dev/null", check=False).stdout == ""
@@ -185,6 +191,7 @@ def test_a_worker_reset_drains_it_runs_kubeadm_reset_and_deletes_its_node(lab: L
     calls = [json.loads(line)["argv"] for line in kubeadm_log.splitlines()]
     assert ["reset", "-f"] in calls, kubeadm_log[-2000:]
     assert bed.exec("node2", "ls -d /etc/kubernetes/kubelet.conf 2>/dev/null", check=False).stdout == ""
+    wait_agent_gone(bed, "node2")  # the controller forgets it on its last event; then it removes itself
     assert bed.exec("node2", f"ls -d {LEFTOVERS} 2>/dev/null", check=False).stdout == ""
     health = lab.health("k1")  # not Available: the spec still asks for a worker
     assert [n["name"] for n in health["nodes"]] == ["node1"], health
