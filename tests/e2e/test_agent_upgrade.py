@@ -149,8 +149,21 @@ def test_three_nodes_upgrade_and_the_one_with_a_broken_bundle_rolls_back_by_itse
     assert bed.exec("node3", "systemctl is-active tether-agent").stdout.strip() == "active"
     journal = bed.exec("node3", "journalctl -u tether-agent --no-pager -o cat").stdout
     assert "damaged on disk" in journal and "rolled back to bundle" in journal
+    wait_for(
+        lambda: (
+            f"agent upgrade to {V2} rolled back"
+            in controller.ctl("events", "--node", "node3", "-o", "json").stdout
+        ),
+        60,
+        what="node3's rolled-back event",
+    )
     events = controller.ctl("events", "--node", "node3", "-o", "json").stdout
     assert f"agent upgrade to {V2} rolled back" in events
+    wait_for(
+        lambda: "rolled back" in controller.ctl("rollout", "status", "--env", "lab").stdout,
+        60,
+        what="the rollout status to show node3 rolled back",
+    )
     status = controller.ctl("rollout", "status", "--env", "lab").stdout
     assert "node3" in status and "rolled back" in status  # the rollout counts it failed
 

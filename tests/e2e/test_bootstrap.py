@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 import yaml
 
@@ -46,7 +47,7 @@ from tether.controller.cli.client import connect
 from tether.controller.cli.output import to_dict
 from tether.nodeagent.secrets import Redactor, Secret
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 TOKEN_RE = re.compile(r"\b[a-z0-9]{6}\.[a-z0-9]{32}\b")  # any join token, whoever made it
 PASSPHRASE = "e2e-passphrase-canary-1f4d9a"
 ENV_TEMPLATE = """\
@@ -142,11 +143,26 @@ def state_digest(bed: Testbed, name: str) -> str:
     return bed.exec(name, script).stdout
 
 
+def node_info_or_empty(controller: Controller, name: str) -> dict[str, Any]:
+    """node_info, or {} while the controller cannot answer (for retry loops)."""
+    try:
+        return node_info(controller, name)
+    except grpc.RpcError:
+        return {}
+
+
 def assert_agent_running(bed: Testbed, controller: Controller, name: str) -> dict[str, Any]:
-    assert bed.exec(name, "systemctl is-active tether-agent").stdout.strip() == "active"
+    wait_for(
+        lambda: bed.exec(name, "systemctl is-active tether-agent", check=False).stdout.strip() == "active",
+        timeout=60,
+        interval=0.5,
+        what=f"tether-agent active on {name}",
+    )
     assert bed.exec(name, "systemctl is-enabled tether-agent").stdout.strip() == "enabled"
     return wait_for(
-        lambda: (n := node_info(controller, name))["connected"] and n["state"] == "provisioned" and n,
+        lambda: (
+            (n := node_info_or_empty(controller, name)).get("connected") and n["state"] == "provisioned" and n
+        ),
         timeout=60,
         what=f"{name} connected and provisioned",
     )

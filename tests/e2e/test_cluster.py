@@ -285,6 +285,15 @@ def test_one_control_plane_two_workers_waiting_refusal_and_refresh(
     )  # not dedicated
     # Post-kubernetes templates ran after the join, with Kubernetes there.
     for node in ("node2", "node3"):
+        wait_for(
+            lambda n=node: (
+                "kubernetes is there"
+                in [line for e in lab.step_events(n, "custom-after-kubernetes") for line in e["lines"]]
+            ),
+            timeout=60,
+            interval=2,
+            what=f"custom-after-kubernetes output on {node}",
+        )
         lines = [line for e in lab.step_events(node, "custom-after-kubernetes") for line in e["lines"]]
         assert "kubernetes is there" in lines
     kubeconfig = yaml.safe_load(
@@ -309,6 +318,15 @@ def test_one_control_plane_two_workers_waiting_refusal_and_refresh(
     lab.controller.start()
     lab.bootstrap("c1", {"node4": "worker"})
     lab.wait_available("c1", ["node1", "node2", "node3", "node4"])
+    wait_for(
+        lambda: (
+            [e["attempt"] for e in lab.step_events("node4", "kubeadm-join") if e["kind"] == "succeeded"]
+            == [2]
+        ),
+        timeout=60,
+        interval=2,
+        what="node4's kubeadm-join to succeed at attempt 2",
+    )
     join = lab.step_events("node4", "kubeadm-join")
     failed = [e for e in join if e["kind"] == "failed"]
     assert failed and failed[0]["attempt"] == 1
@@ -363,6 +381,19 @@ def test_three_control_planes_behind_a_load_balancer_and_a_worker(
         assert joins[-1]["endpoint"] == endpoint
         # dedicated: control planes keep their NoSchedule taint
         assert any(t.get("effect") == "NoSchedule" for t in k8s[node]["spec"].get("taints", []))
+        wait_for(
+            lambda n=node: (
+                [
+                    e["kind"]
+                    for e in lab.step_events(n, "kubeadm-join")
+                    if e["kind"] in ("succeeded", "failed")
+                ]
+                == ["succeeded"]
+            ),
+            timeout=60,
+            interval=2,
+            what=f"{node}'s kubeadm-join to succeed",
+        )
         assert [
             e["kind"] for e in lab.step_events(node, "kubeadm-join") if e["kind"] in ("succeeded", "failed")
         ] == ["succeeded"]

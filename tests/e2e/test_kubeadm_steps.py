@@ -40,7 +40,7 @@ from tether.controller.spec import load_document
 from tether.controller.spec.model import EnvironmentSpec
 from tether.nodeagent.model import Plan, Step
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
 
 BASE_STEPS = ["preflight", "package-repositories", "containerd", "kubeadm"]
 ADMIN = "KUBECONFIG=/etc/kubernetes/admin.conf"

@@ -105,7 +105,7 @@ def test_a_revoked_agent_stops_and_the_unit_leaves_it_stopped(lab: Lab) -> None:
 
     stopped = wait_for(
         down,
-        timeout=20,
+        timeout=60,
         interval=0.2,
         what="the revoked agent's unit to stop",
     )
@@ -156,7 +156,17 @@ def test_a_reset_node_is_clean_and_bootstraps_afresh(lab: Lab) -> None:
     assert unit(bed, name)["LoadState"] == "not-found"  # its unit file is gone
     assert bed.exec(name, f"ls -d {LEFTOVERS} 2>/dev/null", check=False).stdout == ""
     assert "tether-agent" not in bed.exec(name, "systemctl list-units --all --no-legend").stdout
-    journal = bed.exec(name, "journalctl -u tether-agent --no-pager -o cat").stdout
+
+    def reset_journal() -> str:
+        text = bed.exec(name, "journalctl -u tether-agent --no-pager -o cat").stdout
+        return text if "Deactivated successfully." in text and "was reset: removed" in text else ""
+
+    try:
+        journal = wait_for(
+            reset_journal, timeout=30, interval=0.5, what="the reset agent's last journal lines"
+        )
+    except AssertionError:
+        journal = bed.exec(name, "journalctl -u tether-agent --no-pager -o cat").stdout
     assert f"tether-agent: node {name} was reset: removed tether-agent.service" in journal, journal[-3000:]
     assert "could not remove" not in journal, journal[-3000:]
     assert "tether-agent.service: Deactivated successfully." in journal, journal[-3000:]  # exit 78

@@ -29,10 +29,10 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.e2e.testbed.testbed import Testbed
+from tests.e2e.testbed.testbed import Testbed, TestbedError
 from tests.integration.harness import BIN, wait_for
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1500)]
 ROOT = Path(__file__).resolve().parents[2]
 ADMIN_CONF = "/var/lib/tether-controller/admin.conf"
 PORT = 7443
@@ -98,7 +98,10 @@ def ctl(bed: Testbed, node: str, *args: str, input: str | None = None) -> str:
 
 
 def node_record(bed: Testbed, name: str) -> dict[str, Any]:
-    nodes = json.loads(ctl(bed, "node1", "node", "list", "-o", "json"))
+    try:
+        nodes = json.loads(ctl(bed, "node1", "node", "list", "-o", "json"))
+    except TestbedError:  # the controller restarting: the callers retry
+        return {}
     return next((n for n in nodes if n["name"] == name), {})
 
 

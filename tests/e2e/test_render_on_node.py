@@ -18,7 +18,7 @@ from tether.controller.render.targets import facts_for
 from tether.controller.spec import load_document
 from tether.nodeagent.model import Step
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 
 def _spec(bed: Testbed) -> str:

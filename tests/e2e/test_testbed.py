@@ -31,7 +31,7 @@ from tests.e2e.testbed.residue import residue
 from tests.e2e.testbed.state import State
 from tests.e2e.testbed.testbed import Testbed, TestbedError
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 REPO = Path(__file__).resolve().parents[2]
 ADMIN = "--kubeconfig /etc/kubernetes/admin.conf"
 INSTALL = "DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends"

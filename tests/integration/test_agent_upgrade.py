@@ -25,7 +25,7 @@ from tether.nodeagent.channel import secure_channel
 from tether.nodeagent.identity import IdentityStore
 from tether.nodeagent.limits import AGENT_BUNDLE_CHUNK_BYTES
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 V2 = "0.1.0+upgrade.2"
 STEPS = """\
     - name: long

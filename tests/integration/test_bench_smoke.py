@@ -7,10 +7,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 KEYS = {"name", "value", "unit", "baseline", "ratio", "target", "met", "detail"}
 
 
+@pytest.mark.timeout(420)
 def test_bench_only_agent_prints_json_figures() -> None:
     proc = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "run.py"), "--quick", "--only", "agent"],

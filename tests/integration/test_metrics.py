@@ -84,6 +84,7 @@ def stored_events(c: Controller) -> int:
         return int(conn.execute("SELECT COUNT(*) FROM events").fetchone()[0])
 
 
+@pytest.mark.timeout(600)
 def test_scrape_after_provisioning_and_a_rollout(metered: tuple[Controller, str], tmp_path: Path) -> None:
     controller, address = metered
     base = f"http://{address}"

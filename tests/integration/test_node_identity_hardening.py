@@ -197,7 +197,7 @@ def test_a_renewed_certificate_retires_the_old_one(tmp_path: Path) -> None:
         wait_for(lambda: (agent.state_dir / "cert.pem").read_bytes() != old_cert, 60, what="a renewal")
         agent.kill()
         agent.start()  # reconnects with the renewed certificate
-        wait_for(lambda: "the previous certificate is retired" in controller.log_path.read_text(), 30)
+        wait_for(lambda: "the previous certificate is retired" in controller.log_path.read_text(), 60)
         channel = node_channel(controller, agent, cert_pem=old_cert)
         with raw_stream(channel) as (outgoing, replies):
             outgoing.put(hello())

@@ -27,7 +27,7 @@ def provisioned(
     return started
 
 
-def exit_code(agent: Agent, within: float = 15.0) -> int:
+def exit_code(agent: Agent, within: float = 60.0) -> int:
     """The agent's exit status, which must come within ``within`` seconds."""
     assert agent.proc is not None
     deadline = time.monotonic() + within
@@ -114,7 +114,7 @@ def test_reset_of_an_offline_node_happens_when_it_connects(
     assert "reset started" in controller.ctl("node", "reset", "n1").stdout
     assert "n1" in nodes(controller)  # nothing happens until the agent is back
     agent.start()
-    assert exit_code(agent, within=30) == RESET_EXIT_CODE
+    assert exit_code(agent) == RESET_EXIT_CODE
     wait_for(lambda: "n1" not in nodes(controller), what="n1 to be forgotten")
     assert not agent.state_dir.exists()
 
@@ -139,7 +139,7 @@ def test_env_delete_with_reset_resets_every_node_then_goes(
     out = controller.ctl("env", "delete", "life", "--reset")
     assert "being reset" in out.stdout or "deleted" in out.stdout
     for agent in started:
-        assert exit_code(agent, within=30) == RESET_EXIT_CODE
+        assert exit_code(agent) == RESET_EXIT_CODE
         assert not agent.state_dir.exists()
     wait_for(lambda: "life" not in controller.ctl("env", "list").stdout.split(), what="the env to go")
     assert nodes(controller) == {}

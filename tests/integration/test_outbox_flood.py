@@ -7,6 +7,8 @@ import signal
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from tests.integration.conftest import apply_env, ca_hash, events, token, wait_state
 from tests.integration.harness import Agent, Controller, wait_for
 from tests.integration.test_provisioning import assert_contiguous
@@ -18,6 +20,7 @@ def plan_done(agent: Agent) -> bool:
     return bool(steps) and all(s["state"] == "succeeded" for s in steps)
 
 
+@pytest.mark.timeout(900)
 def test_thirty_megabytes_printed_while_the_controller_is_down_drain_once_it_is_back(
     controller: Controller, agents: Callable[[str], Agent], tmp_path: Path
 ) -> None:
@@ -41,6 +44,7 @@ def test_thirty_megabytes_printed_while_the_controller_is_down_drain_once_it_is_
     agent.start(token(controller, "flood"), ca_hash(controller))
     wait_for(
         lambda: any(e["step"] == "custom-flood" and e["kind"] == "started" for e in events(controller, "n1")),
+        timeout=90,
         what="the flood step to start",
     )
     controller.kill(signal.SIGKILL)

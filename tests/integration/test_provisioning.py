@@ -108,7 +108,7 @@ def test_timeout_is_enforced(controller: Controller, agents: Callable[[str], Age
 """,
     )
     agents("n1").start(token(controller, "slow"), ca_hash(controller))
-    wait_state(controller, ["n1"], "failed", timeout=30)
+    wait_state(controller, ["n1"], "failed")
     failed = [e for e in events(controller, "n1") if e["kind"] == "failed"]
     assert failed[0]["exit_code"] == 124 and "timed out after 2s" in str(failed[0]["message"])
 
@@ -136,7 +136,7 @@ def test_kill_9_mid_step_resumes_without_rerunning_succeeded_steps(
     )
     agent = agents("n1")
     agent.start(token(controller, "resume"), ca_hash(controller))
-    wait_for(lambda: (runs / "long.pids").exists(), what="the long step to start")
+    wait_for(lambda: (runs / "long.pids").exists(), timeout=60, what="the long step to start")
     agent.kill(signal.SIGKILL)
     first_pid = int((runs / "long.pids").read_text().split()[0])
     (runs / "long.go").touch()
@@ -173,6 +173,7 @@ def test_controller_restart_mid_plan_loses_and_duplicates_no_event(
     agent.start(token(controller, "chatty"), ca_hash(controller))
     wait_for(
         lambda: any(e["step"] == "custom-ticker" and e["kind"] == "output" for e in events(controller, "n1")),
+        timeout=60,
         what="output to flow",
     )
     controller.kill(signal.SIGKILL)
@@ -227,6 +228,7 @@ def test_events_follow_streams_live(
     agents("n1").start(token(controller, "live"), ca_hash(controller))
     wait_for(
         lambda: any(e["step"] == "custom-gate" and e["kind"] == "started" for e in events(controller, "n1")),
+        timeout=60,
         what="the step to start",
     )
     env = {**os.environ, "TETHER_CONFIG": str(controller.config)}

@@ -166,7 +166,10 @@ def test_canary_pause_resume_and_wait_exit_codes(
     fresh = agents("fresh")
     fresh.start(token(controller, "gpu"), ca_hash(controller))
     assert (
-        controller.ctl("wait", "--node", "fresh", "--for", "provisioned", "--timeout", "60s").returncode == 0
+        controller.ctl(
+            "wait", "--node", "fresh", "--for", "provisioned", "--timeout", "60s", timeout=120
+        ).returncode
+        == 0
     )
     assert runs_of(controller, "fresh", generation(controller))
     assert rollout(controller)["pending"] == 2
@@ -175,7 +178,9 @@ def test_canary_pause_resume_and_wait_exit_codes(
     assert out.returncode == 2, out
     assert "timed out" in out.stderr and "2 not yet on the current generation" in out.stderr
     controller.ctl("rollout", "resume", "--env", "gpu")
-    out = controller.ctl("wait", "--env", "gpu", "--for", "provisioned", "--timeout", "60s", check=False)
+    out = controller.ctl(
+        "wait", "--env", "gpu", "--for", "provisioned", "--timeout", "60s", check=False, timeout=120
+    )
     assert out.returncode == 0, out
     assert rollout(controller)["state"] == "complete"
     # A named node works too, and an unknown command state is refused.
