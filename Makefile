@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST := $(PY) -m pytest
 
-.PHONY: help venv system-deps agent-wheels gen-protos check-protos lint typecheck test-unit test-integration test-e2e test deb demo bench clean
+.PHONY: help venv system-deps agent-wheels gen-protos check-protos lint typecheck test-unit test-integration test-e2e test test-parallel deb demo bench clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | column -t -s $$'\t'
@@ -67,8 +67,13 @@ agent-wheels: venv ## fetch the agent's wheels for the test nodes (Python 3.11, 
 test-e2e: venv system-deps agent-wheels ## real systemd nodes (root: builds the testbed on first use)
 	TETHER_WHEEL_DIR=$(AGENT_WHEELS) $(PYTEST) tests/e2e -q -m e2e
 
+# The groups one after the other: side by side (test-parallel, 25 min instead of about 38) the
+# e2e agent-upgrade test's rolled-back node stayed offline in 2 of 4 runs, not yet understood.
 test: venv system-deps agent-wheels check-protos api-check lint typecheck ## everything CI runs
-	TETHER_WHEEL_DIR=$(AGENT_WHEELS) $(PY) scripts/run_tests.py  # e2e beside unit+integration
+	TETHER_WHEEL_DIR=$(AGENT_WHEELS) $(PY) scripts/run_tests.py --serial
+
+test-parallel: venv system-deps agent-wheels check-protos api-check lint typecheck ## as test, e2e beside unit+integration
+	TETHER_WHEEL_DIR=$(AGENT_WHEELS) $(PY) scripts/run_tests.py
 
 deb: venv ## Debian packages tether-controller and tether-agent in dist/ (packaging/deb; OFFLINE=1: no index)
 	$(PY) scripts/build_deb.py --out $(CURDIR)/dist $(if $(OFFLINE),--offline,)
