@@ -13,9 +13,13 @@ import grpc
 from tether.controller import wire
 from tether.controller.adminconf import AdminConfig
 from tether.controller.client import Client, ConfigError
-from tether.controller.client.connection import DEFAULT_CONFIG, channel_options, read_admin_conf
-from tether.controller.client.connection import config_path as _config_path
-from tether.controller.client.connection import context_name as _context_name
+from tether.controller.client.connection import (
+    DEFAULT_CONFIG,
+    channel_options,
+    config_path,
+    context_name,
+    read_admin_conf,
+)
 from tether.controller.client.errors import ApiError
 from tether.controller.documents import check_size
 from tether.controller.errors import InvalidArgument
@@ -45,13 +49,8 @@ class CliError(Exception):
         self.exit_code = exit_code
 
 
-def config_path(flag: str | None) -> Path:
-    return _config_path(flag)
-
-
-def context_name(flag: str | None) -> str:
-    """The context to use: ``--context``, else ``$TETHER_CONTEXT``, else the file's current one."""
-    return _context_name(flag)
+def _config_error(exc: ConfigError) -> CliError:
+    return CliError(f"{exc} (use --config/TETHER_CONFIG, --context/TETHER_CONTEXT)")
 
 
 def load_config(args: argparse.Namespace) -> AdminConfig:
@@ -59,7 +58,7 @@ def load_config(args: argparse.Namespace) -> AdminConfig:
     try:
         return read_admin_conf(args.config, getattr(args, "context", None))
     except ConfigError as exc:
-        raise CliError(f"{exc} (use --config/TETHER_CONFIG, --context/TETHER_CONTEXT)") from None
+        raise _config_error(exc) from None
 
 
 def client_for(args: argparse.Namespace) -> Client:
@@ -69,7 +68,7 @@ def client_for(args: argparse.Namespace) -> Client:
             args.config, getattr(args, "context", None), timeout=getattr(args, "timeout", None)
         )
     except ConfigError as exc:
-        raise CliError(f"{exc} (use --config/TETHER_CONFIG, --context/TETHER_CONTEXT)") from None
+        raise _config_error(exc) from None
 
 
 def connect(
