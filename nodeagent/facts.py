@@ -10,15 +10,18 @@ import platform
 import shutil
 import socket
 import subprocess
+import re
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from tether.nodeagent import __version__
-from tether.nodeagent.model import ClusterNode, ClusterView, Gpu, Health, HostFacts, now_ms
+from tether.nodeagent.model import ClusterNode, ClusterView, Gpu, Health, HostFacts, PciGpu, now_ms
 
 NVIDIA_PCI_VENDOR = "0x10de"
 # PCI class 0x03xxxx: display controllers (VGA 0x0300, 3D controller 0x0302).
 DISPLAY_CLASS_PREFIX = "0x03"
+PCI_IDS = (Path("/usr/share/misc/pci.ids"), Path("/usr/share/hwdata/pci.ids"), Path("/usr/share/pci.ids"))
 ARCH_ALIASES = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
 FAMILIES = {
     "debian": "debian",
@@ -55,7 +58,12 @@ def os_family(release: dict[str, str]) -> str:
 
 def nvidia_pci_devices(sys_root: Path = Path("/sys")) -> list[str]:
     """PCI addresses of NVIDIA display/3D controllers (no driver needed)."""
-    found: list[str] = []
+    return [g.address for g in pci_gpus(sys_root)]
+
+
+def pci_gpus(sys_root: Path = Path("/sys"), ids: Path | None = None) -> list[PciGpu]:
+    """NVIDIA display/3D controllers on the PCI bus, named from pci.ids when it is there."""
+    found: list[PciGpu] = []
     devices = sys_root / "bus" / "pci" / "devices"
     if not devices.is_dir():
         return found
@@ -63,49 +71,122 @@ def nvidia_pci_devices(sys_root: Path = Path("/sys")) -> list[str]:
         try:
             vendor = (dev / "vendor").read_text().strip()
             klass = (dev / "class").read_text().strip()
+            device = (dev / "device").read_text().strip() if (dev / "device").exists() else ""
         except OSError:
             continue
         if vendor == NVIDIA_PCI_VENDOR and klass.startswith(DISPLAY_CLASS_PREFIX):
-            found.append(dev.name)
+            found.append(PciGpu(address=dev.name, device_id=device))
+    if found:
+        names = nvidia_device_names(ids or _pci_ids())
+        found = [PciGpu(g.address, g.device_id, names.get(g.device_id.lower(), "")) for g in found]
     return found
+
+
+def _pci_ids() -> Path:
+    for candidate in PCI_IDS:
+        if candidate.exists():
+            return candidate
+    return PCI_IDS[0]
+
+
+def nvidia_device_names(path: Path) -> dict[str, str]:
+    """``{"0x2335": "GH100 [H200 SXM 141GB]", ...}``: NVIDIA's devices in a pci.ids file."""
+    names: dict[str, str] = {}
+    try:
+        with path.open(encoding="utf-8", errors="replace") as f:
+            inside = False
+            for line in f:
+                if not line.startswith("\t"):
+                    if inside and line[:1] not in ("#", "\n"):
+                        break  # the next vendor
+                    inside = line.startswith(NVIDIA_PCI_VENDOR[2:] + "  ")
+                elif inside and not line.startswith("\t\t"):
+                    device, _, name = line.strip().partition("  ")
+                    names["0x" + device.lower()] = name.strip()
+    except OSError:
+        pass
+    return names
+
+
+def _number(text: str) -> int:
+    try:
+        return int(float(text))
+    except ValueError:
+        return 0  # "[N/A]", "[Not Supported]"
 
 
 def parse_nvidia_smi(text: str) -> list[Gpu]:
     """Parse ``nvidia-smi --query-gpu=index,name,uuid,driver_version,memory.total,pci.bus_id
-    --format=csv,noheader,nounits`` output."""
+    [,ecc.errors.uncorrected.volatile.total] --format=csv,noheader,nounits`` output."""
     gpus = []
     for line in text.splitlines():
         parts = [p.strip() for p in line.split(",")]
         if len(parts) < 6 or not parts[0].isdigit():
             continue
-        try:
-            memory = int(float(parts[4]))
-        except ValueError:
-            memory = 0
         gpus.append(
             Gpu(
                 index=int(parts[0]),
                 name=parts[1],
                 uuid=parts[2],
                 driver_version=parts[3],
-                memory_total_mib=memory,
+                memory_total_mib=_number(parts[4]),
                 pci_bus_id=parts[5],
+                ecc_uncorrected=_number(parts[6]) if len(parts) > 6 else 0,
             )
         )
     return gpus
 
 
-def query_gpus(timeout: float = 10.0) -> list[Gpu]:
+XID_RE = re.compile(r"NVRM: Xid \(PCI:([0-9A-Fa-f:.]+)\)")
+
+
+def parse_xids(text: str) -> dict[str, int]:
+    """Xid errors per PCI address (``"0000:3b:00"`` lowercase, no function) in kernel messages."""
+    counts: dict[str, int] = {}
+    for m in XID_RE.finditer(text):
+        key = _bus_key(m.group(1))
+        counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def _bus_key(address: str) -> str:
+    """ "00000000:3B:00.0" and "0000:3b:00" alike: domain (4 digits), bus and device, lowercase."""
+    head = address.lower().split(".")[0]
+    parts = head.split(":")
+    if len(parts) == 3:
+        parts[0] = parts[0][-4:].rjust(4, "0")
+    return ":".join(parts)
+
+
+def kernel_xids(timeout: float = 10.0) -> dict[str, int]:
+    """Xid lines the kernel logged since boot (the journal's ``kernel`` identifier), best effort."""
+    exe = shutil.which("journalctl")
+    if exe is None:
+        return {}
+    try:
+        out = subprocess.run(
+            [exe, "-b", "-t", "kernel", "-o", "cat", "--no-pager", "--grep", "NVRM: Xid"],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    return parse_xids(out.stdout)
+
+
+def query_gpus(timeout: float = 10.0, errors: bool = False) -> list[Gpu]:
+    """What nvidia-smi reports; with ``errors``, uncorrected ECC and Xid counts too (health)."""
     exe = shutil.which("nvidia-smi")
     if exe is None:
         return []
+    fields = "index,name,uuid,driver_version,memory.total,pci.bus_id"
+    if errors:
+        fields += ",ecc.errors.uncorrected.volatile.total"
     try:
         out = subprocess.run(
-            [
-                exe,
-                "--query-gpu=index,name,uuid,driver_version,memory.total,pci.bus_id",
-                "--format=csv,noheader,nounits",
-            ],
+            [exe, f"--query-gpu={fields}", "--format=csv,noheader,nounits"],
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -113,7 +194,11 @@ def query_gpus(timeout: float = 10.0) -> list[Gpu]:
         )
     except (OSError, subprocess.TimeoutExpired):
         return []
-    return parse_nvidia_smi(out.stdout) if out.returncode == 0 else []
+    gpus = parse_nvidia_smi(out.stdout) if out.returncode == 0 else []
+    if errors and gpus:
+        xids = kernel_xids(timeout)
+        gpus = [replace(g, xid_errors=xids.get(_bus_key(g.pci_bus_id), 0)) for g in gpus]
+    return gpus
 
 
 def _read(path: str) -> str:
@@ -155,6 +240,7 @@ def local_addresses(toward: str = "") -> list[str]:
 
 def collect_facts(controller: str = "") -> HostFacts:
     release = read_os_release()
+    on_bus = tuple(pci_gpus())
     return HostFacts(
         hostname=socket.gethostname(),
         os_id=release.get("ID", ""),
@@ -166,11 +252,14 @@ def collect_facts(controller: str = "") -> HostFacts:
         python_version=".".join(str(v) for v in sys.version_info[:3]),
         systemd=Path("/run/systemd/system").is_dir(),
         docker=shutil.which("docker") is not None,
-        nvidia_gpu=bool(nvidia_pci_devices()),
+        nvidia_gpu=bool(on_bus),
         gpus=tuple(query_gpus()),
         addresses=tuple(local_addresses(controller)),
         boot_id=boot_id(),
         machine_id=_read("/etc/machine-id"),
+        cpu_count=os.cpu_count() or 0,
+        memory_total_bytes=_meminfo().get("MemTotal", 0),
+        pci_gpus=on_bus,
     )
 
 
@@ -275,7 +364,8 @@ def collect_health(state_dir: Path, gpus: bool = True) -> Health:
         disk_total_bytes=disk_total,
         disk_free_bytes=disk_free,
         agent_version=__version__,
-        gpus=tuple(query_gpus()) if gpus else (),
+        gpus=tuple(query_gpus(errors=True)) if gpus else (),
         services=service_states(),
         cluster=cluster_view(),
+        pci_gpus=tuple(pci_gpus()) if gpus else (),
     )

@@ -248,6 +248,17 @@ class Gpu:
     driver_version: str = ""
     memory_total_mib: int = 0
     pci_bus_id: str = ""
+    ecc_uncorrected: int = 0  # uncorrected ECC errors since the driver loaded
+    xid_errors: int = 0  # Xid errors the kernel logged for this GPU since boot
+
+
+@dataclass(frozen=True)
+class PciGpu:
+    """An NVIDIA GPU on the PCI bus (no driver needed)."""
+
+    address: str
+    device_id: str = ""
+    name: str = ""  # from pci.ids, "" when unknown
 
 
 @dataclass(frozen=True)
@@ -269,6 +280,9 @@ class HostFacts:
     addresses: tuple[str, ...] = ()
     boot_id: str = ""
     machine_id: str = ""
+    cpu_count: int = 0
+    memory_total_bytes: int = 0
+    pci_gpus: tuple[PciGpu, ...] = ()
 
     @property
     def os_key(self) -> str:
@@ -311,6 +325,7 @@ class Health:
     gpus: tuple[Gpu, ...] = ()
     services: Mapping[str, str] = field(default_factory=dict)
     cluster: ClusterView | None = None
+    pci_gpus: tuple[PciGpu, ...] = ()
 
 
 @decoder("host facts")
@@ -319,6 +334,7 @@ def facts_from_dict(doc: Mapping[str, Any]) -> HostFacts:
     known = {f for f in HostFacts.__dataclass_fields__}
     values = {k: v for k, v in doc.items() if k in known}
     values["gpus"] = tuple(Gpu(**g) for g in values.get("gpus", ()))
+    values["pci_gpus"] = tuple(PciGpu(**g) for g in values.get("pci_gpus", ()))
     values["addresses"] = tuple(values.get("addresses", ()))
     return HostFacts(**values)
 
@@ -328,6 +344,7 @@ def health_from_dict(doc: Mapping[str, Any]) -> Health:
     known = {f for f in Health.__dataclass_fields__}
     values = {k: v for k, v in doc.items() if k in known}
     values["gpus"] = tuple(Gpu(**g) for g in values.get("gpus", ()))
+    values["pci_gpus"] = tuple(PciGpu(**g) for g in values.get("pci_gpus", ()))
     cluster = values.get("cluster")
     if cluster:
         values["cluster"] = ClusterView(

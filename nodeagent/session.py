@@ -40,7 +40,7 @@ from tether.nodeagent.errors import (
 from tether.nodeagent.executor import Executor, scripts_dir
 from tether.nodeagent.identity import Identity, IdentityStore, make_csr
 from tether.nodeagent.limits import EVENT_BATCH_COUNT, RESET_REPORT_SECONDS
-from tether.nodeagent.model import AgentTarget, Event, EventKind, Plan, Step
+from tether.nodeagent.model import AgentTarget, Event, EventKind, HostFacts, Plan, Step
 from tether.nodeagent.renewal import RenewalRule
 from tether.nodeagent.runner import Runner
 from tether.nodeagent.secrets import PROCESS_REDACTOR
@@ -119,6 +119,7 @@ class Agent:
         self._control: asyncio.Queue[wire.pb.AgentMessage] = asyncio.Queue()
         self._gates: dict[str, asyncio.Future[Mapping[str, str]]] = {}
         self._gate_digests: dict[str, tuple[str, int]] = {}  # step -> (digest, attempt)
+        self._gate_facts: dict[str, HostFacts] = {}  # step -> the facts when it was reached
         # Step secrets until acknowledged: (serial, last event seq emitted before them, message).
         self._unacked_secrets: dict[str, tuple[int, int, wire.pb.StepSecrets]] = {}
         self._secrets_serial = 0
@@ -453,9 +454,7 @@ class Agent:
         last_sent = stored_seq
         sent_secrets: set[int] = set()  # serials written on this stream
         for name, (digest, attempt) in list(self._gate_digests.items()):  # acks may change them meanwhile
-            await call.write(
-                wire.pb.AgentMessage(gate=wire.pb.GateRequest(step=name, digest=digest, attempt=attempt))
-            )
+            await call.write(wire.pb.AgentMessage(gate=self._gate_request(name, digest, attempt)))
         while True:
             self._kick.clear()
             while not self._control.empty():
@@ -533,17 +532,24 @@ class Agent:
         if fut is None or fut.done():
             fut = asyncio.get_running_loop().create_future()
             self._gates[step.name] = fut
+        # What the node has now goes with the request: a hardware gate decides on it.
+        node_facts = await asyncio.to_thread(facts.collect_facts, self.config.controller)
+        self._gate_facts[step.name] = node_facts
         self._gate_digests[step.name] = (step.digest, attempt)
-        self._send(
-            wire.pb.AgentMessage(
-                gate=wire.pb.GateRequest(step=step.name, digest=step.digest, attempt=attempt)
-            )
-        )
+        self._send(wire.pb.AgentMessage(gate=self._gate_request(step.name, step.digest, attempt)))
         try:
             return await fut
         finally:
             self._gates.pop(step.name, None)
             self._gate_digests.pop(step.name, None)
+            self._gate_facts.pop(step.name, None)
+
+    def _gate_request(self, step: str, digest: str, attempt: int) -> wire.pb.GateRequest:
+        request = wire.pb.GateRequest(step=step, digest=digest, attempt=attempt)
+        node_facts = self._gate_facts.get(step)
+        if node_facts is not None:
+            request.facts.CopyFrom(wire.facts_to_pb(node_facts))
+        return request
 
     def _release(self, step: str, digest: str, secret_env: dict[str, str], env: dict[str, str]) -> None:
         self.redactor.add(*secret_env.values())

@@ -18,6 +18,7 @@ from tether.nodeagent.model import (
     Gpu,
     Health,
     HostFacts,
+    PciGpu,
     Plan,
     Step,
 )
@@ -168,7 +169,17 @@ def gpu_to_pb(g: Gpu) -> common_pb2.Gpu:
         driver_version=g.driver_version,
         memory_total_mib=g.memory_total_mib,
         pci_bus_id=g.pci_bus_id,
+        ecc_uncorrected=g.ecc_uncorrected,
+        xid_errors=g.xid_errors,
     )
+
+
+def pci_gpu_to_pb(g: PciGpu) -> common_pb2.PciGpu:
+    return common_pb2.PciGpu(address=g.address, device_id=g.device_id, name=g.name)
+
+
+def pci_gpu_from_pb(m: common_pb2.PciGpu) -> PciGpu:
+    return PciGpu(address=m.address, device_id=m.device_id, name=m.name)
 
 
 def gpu_from_pb(m: common_pb2.Gpu) -> Gpu:
@@ -179,6 +190,8 @@ def gpu_from_pb(m: common_pb2.Gpu) -> Gpu:
         driver_version=m.driver_version,
         memory_total_mib=m.memory_total_mib,
         pci_bus_id=m.pci_bus_id,
+        ecc_uncorrected=m.ecc_uncorrected,
+        xid_errors=m.xid_errors,
     )
 
 
@@ -199,6 +212,9 @@ def facts_to_pb(f: HostFacts) -> common_pb2.HostFacts:
         addresses=list(f.addresses),
         boot_id=f.boot_id,
         machine_id=f.machine_id,
+        cpu_count=f.cpu_count,
+        memory_total_bytes=f.memory_total_bytes,
+        pci_gpus=[pci_gpu_to_pb(g) for g in f.pci_gpus],
     )
 
 
@@ -219,6 +235,9 @@ def facts_from_pb(m: common_pb2.HostFacts) -> HostFacts:
         addresses=tuple(m.addresses),
         boot_id=m.boot_id,
         machine_id=m.machine_id,
+        cpu_count=m.cpu_count,
+        memory_total_bytes=m.memory_total_bytes,
+        pci_gpus=tuple(pci_gpu_from_pb(g) for g in m.pci_gpus),
     )
 
 
@@ -265,6 +284,7 @@ def health_to_pb(h: Health) -> common_pb2.Health:
         agent_version=h.agent_version,
         gpus=[gpu_to_pb(g) for g in h.gpus],
         services=dict(h.services),
+        pci_gpus=[pci_gpu_to_pb(g) for g in h.pci_gpus],
     )
     if h.cluster is not None:
         msg.cluster.CopyFrom(cluster_to_pb(h.cluster))
@@ -289,4 +309,5 @@ def health_from_pb(m: common_pb2.Health) -> Health:
         gpus=tuple(gpu_from_pb(g) for g in m.gpus),
         services=dict(m.services),
         cluster=cluster_from_pb(m.cluster) if m.HasField("cluster") else None,
+        pci_gpus=tuple(pci_gpu_from_pb(g) for g in m.pci_gpus),
     )

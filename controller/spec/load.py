@@ -16,6 +16,7 @@ from tether.controller.spec import (
     parse_cluster,
     parse_components,
     parse_custom,
+    parse_hardware,
     parse_kubernetes,
     parse_rollout,
     parse_sources,
@@ -108,6 +109,7 @@ def _spec(sec: Section, name: str) -> EnvironmentSpec:
         package_repositories=parse_sources.package_repositories(sec),
         download_mirror=parse_sources.download_mirror(sec),
         rollout=parse_rollout.rollout(sec),
+        hardware=parse_hardware.hardware(sec),
     )
     sec.finish()
     return spec
@@ -137,6 +139,8 @@ def _cross_checks(spec: EnvironmentSpec, problems: Problems) -> None:
         problems.add("spec.kubernetes.kubeAdmConfig", "only used with the kubeadm installer")
     if k8s.installer != "kind" and k8s.kind_config:
         problems.add("spec.kubernetes.kindConfig", "only used with the kind installer")
+    if spec.hardware is not None and spec.hardware.on_drift == "cordon" and spec.cluster is None:
+        problems.add("spec.hardware.onDrift", "cordon needs a kubeadm cluster (spec.cluster)")
     if spec.cluster is not None and not (k8s.install and k8s.installer == "kubeadm"):
         problems.add("spec.cluster", "a cluster needs kubernetes.install: true with the kubeadm installer")
 

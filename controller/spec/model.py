@@ -150,6 +150,28 @@ class RolloutPolicy:
 
 
 @dataclass(frozen=True)
+class GpuExpectation:
+    """The NVIDIA GPUs a node must have (``spec.hardware.gpus``)."""
+
+    count: int  # exactly this many
+    product: str = ""  # a substring of the product name (PCI name before a driver, nvidia-smi after)
+    memory_mib: int = 0  # at least, per GPU (checked once a driver is there); 0: not checked
+    driver_version: str = ""  # a prefix of the driver version (checked after the driver step)
+    diagnostics: str = ""  # "", "short" (dcgmi diag -r 1) or "long" (dcgmi diag -r 2)
+
+
+@dataclass(frozen=True)
+class HardwareSpec:
+    """What a node must have before it provisions and before it joins (tether's extension,
+    ``spec.hardware``); a node that does not is quarantined (``tether.controller.hardware``)."""
+
+    gpus: GpuExpectation | None = None
+    cpus_min: int = 0
+    memory_gib_min: int = 0
+    on_drift: str = ""  # "" (conditions and events only) or "cordon" (kubeadm nodes)
+
+
+@dataclass(frozen=True)
 class EnvironmentSpec:
     name: str
     kernel: KernelSpec | None = None
@@ -162,3 +184,4 @@ class EnvironmentSpec:
     package_repositories: PackageRepositories = field(default_factory=PackageRepositories)
     download_mirror: str = ""
     rollout: RolloutPolicy = field(default_factory=RolloutPolicy)
+    hardware: HardwareSpec | None = None

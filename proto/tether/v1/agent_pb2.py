@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from tether.v1 import common_pb2 as tether_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15tether/v1/agent.proto\x12\ttether.v1\x1a\x16tether/v1/common.proto\":\n\x17\x46\x65tchAgentBundleRequest\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x04\"I\n\x0b\x42undleChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x0c\n\x04size\x18\x03 \x01(\x04\x12\x0e\n\x06sha256\x18\x04 \x01(\t\"\xaf\x01\n\rEnrollRequest\x12\r\n\x05token\x18\x01 \x01(\t\x12\x0f\n\x07\x63sr_pem\x18\x02 \x01(\x0c\x12\x11\n\tnode_name\x18\x03 \x01(\t\x12#\n\x05\x66\x61\x63ts\x18\x04 \x01(\x0b\x32\x14.tether.v1.HostFacts\x12\x1a\n\x12\x65xpect_environment\x18\x05 \x01(\t\x12\x13\n\x0b\x65xpect_role\x18\x06 \x01(\t\x12\x15\n\ragent_version\x18\x07 \x01(\t\"\x81\x01\n\x0e\x45nrollResponse\x12\x17\n\x0f\x63\x65rtificate_pem\x18\x01 \x01(\x0c\x12\x0e\n\x06\x63\x61_pem\x18\x02 \x01(\x0c\x12\x11\n\tnode_name\x18\x03 \x01(\t\x12\x13\n\x0b\x65nvironment\x18\x04 \x01(\t\x12\x0c\n\x04role\x18\x05 \x01(\t\x12\x10\n\x08next_seq\x18\x06 \x01(\x04\"\x84\x02\n\x0c\x41gentMessage\x12!\n\x05hello\x18\x01 \x01(\x0b\x32\x10.tether.v1.HelloH\x00\x12\'\n\x06\x65vents\x18\x02 \x01(\x0b\x32\x15.tether.v1.EventBatchH\x00\x12#\n\x06health\x18\x03 \x01(\x0b\x32\x11.tether.v1.HealthH\x00\x12&\n\x04gate\x18\x04 \x01(\x0b\x32\x16.tether.v1.GateRequestH\x00\x12)\n\x07secrets\x18\x05 \x01(\x0b\x32\x16.tether.v1.StepSecretsH\x00\x12(\n\x05renew\x18\x06 \x01(\x0b\x32\x17.tether.v1.RenewRequestH\x00\x42\x06\n\x04kind\"\xf3\x01\n\x05Hello\x12\x15\n\ragent_version\x18\x01 \x01(\t\x12#\n\x05\x66\x61\x63ts\x18\x02 \x01(\x0b\x32\x14.tether.v1.HostFacts\x12\x16\n\x0elast_acked_seq\x18\x03 \x01(\x04\x12\x10\n\x08next_seq\x18\x04 \x01(\x04\x12\x13\n\x0bplan_digest\x18\x05 \x01(\t\x12\x17\n\x0fplan_generation\x18\x06 \x01(\x04\x12%\n\x07journal\x18\x07 \x03(\x0b\x32\x14.tether.v1.StepState\x12\x15\n\rupgraded_from\x18\x08 \x01(\t\x12\x18\n\x10rolled_back_from\x18\t \x01(\t\"8\n\tStepState\x12\x0c\n\x04step\x18\x01 \x01(\t\x12\x0e\n\x06\x64igest\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\t\".\n\nEventBatch\x12 \n\x06\x65vents\x18\x01 \x03(\x0b\x32\x10.tether.v1.Event\"<\n\x0bGateRequest\x12\x0c\n\x04step\x18\x01 \x01(\t\x12\x0e\n\x06\x64igest\x18\x02 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x03 \x01(\r\"\xf8\x01\n\x0bStepSecrets\x12\x0c\n\x04step\x18\x01 \x01(\t\x12\x32\n\x06values\x18\x02 \x03(\x0b\x32\".tether.v1.StepSecrets.ValuesEntry\x12\x12\n\ncommand_id\x18\x03 \x01(\t\x12\x34\n\x07outputs\x18\x04 \x03(\x0b\x32#.tether.v1.StepSecrets.OutputsEntry\x1a-\n\x0bValuesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a.\n\x0cOutputsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x1f\n\x0cRenewRequest\x12\x0f\n\x07\x63sr_pem\x18\x01 \x01(\x0c\"\xa8\x02\n\x11\x43ontrollerMessage\x12\x1f\n\x04plan\x18\x01 \x01(\x0b\x32\x0f.tether.v1.PlanH\x00\x12\x1d\n\x03\x61\x63k\x18\x02 \x01(\x0b\x32\x0e.tether.v1.AckH\x00\x12%\n\x07release\x18\x03 \x01(\x0b\x32\x12.tether.v1.ReleaseH\x00\x12%\n\x07\x63ommand\x18\x04 \x01(\x0b\x32\x12.tether.v1.CommandH\x00\x12\'\n\x08settings\x18\x05 \x01(\x0b\x32\x13.tether.v1.SettingsH\x00\x12-\n\x0b\x63\x65rtificate\x18\x06 \x01(\x0b\x32\x16.tether.v1.CertificateH\x00\x12%\n\x07welcome\x18\x07 \x01(\x0b\x32\x12.tether.v1.WelcomeH\x00\x42\x06\n\x04kind\"0\n\x07Welcome\x12\x11\n\tnode_name\x18\x01 \x01(\t\x12\x12\n\nstored_seq\x18\x02 \x01(\x04\"#\n\x03\x41\x63k\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x0f\n\x07secrets\x18\x02 \x03(\t\"\xe6\x01\n\x07Release\x12\x0c\n\x04step\x18\x01 \x01(\t\x12\x0e\n\x06\x64igest\x18\x02 \x01(\t\x12\x35\n\nsecret_env\x18\x03 \x03(\x0b\x32!.tether.v1.Release.SecretEnvEntry\x12(\n\x03\x65nv\x18\x04 \x03(\x0b\x32\x1b.tether.v1.Release.EnvEntry\x1a\x30\n\x0eSecretEnvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x89\x01\n\x07\x43ommand\x12\n\n\x02id\x18\x01 \x01(\t\x12!\n\x05rerun\x18\x02 \x01(\x0b\x32\x10.tether.v1.RerunH\x00\x12#\n\x06reboot\x18\x03 \x01(\x0b\x32\x11.tether.v1.RebootH\x00\x12\"\n\x04task\x18\x04 \x01(\x0b\x32\x12.tether.v1.RunTaskH\x00\x42\x06\n\x04kind\"\x16\n\x05Rerun\x12\r\n\x05steps\x18\x01 \x03(\t\"\x08\n\x06Reboot\"(\n\x07RunTask\x12\x1d\n\x04step\x18\x01 \x01(\x0b\x32\x0f.tether.v1.Step\"B\n\x08Settings\x12\x19\n\x11heartbeat_seconds\x18\x01 \x01(\r\x12\x1b\n\x13\x62\x61\x63koff_max_seconds\x18\x02 \x01(\r\"&\n\x0b\x43\x65rtificate\x12\x17\n\x0f\x63\x65rtificate_pem\x18\x01 \x01(\x0c\x32\xe5\x01\n\x0c\x41gentService\x12=\n\x06\x45nroll\x12\x18.tether.v1.EnrollRequest\x1a\x19.tether.v1.EnrollResponse\x12\x44\n\x07\x43onnect\x12\x17.tether.v1.AgentMessage\x1a\x1c.tether.v1.ControllerMessage(\x01\x30\x01\x12P\n\x10\x46\x65tchAgentBundle\x12\".tether.v1.FetchAgentBundleRequest\x1a\x16.tether.v1.BundleChunk0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15tether/v1/agent.proto\x12\ttether.v1\x1a\x16tether/v1/common.proto\":\n\x17\x46\x65tchAgentBundleRequest\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x04\"I\n\x0b\x42undleChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x0c\n\x04size\x18\x03 \x01(\x04\x12\x0e\n\x06sha256\x18\x04 \x01(\t\"\xaf\x01\n\rEnrollRequest\x12\r\n\x05token\x18\x01 \x01(\t\x12\x0f\n\x07\x63sr_pem\x18\x02 \x01(\x0c\x12\x11\n\tnode_name\x18\x03 \x01(\t\x12#\n\x05\x66\x61\x63ts\x18\x04 \x01(\x0b\x32\x14.tether.v1.HostFacts\x12\x1a\n\x12\x65xpect_environment\x18\x05 \x01(\t\x12\x13\n\x0b\x65xpect_role\x18\x06 \x01(\t\x12\x15\n\ragent_version\x18\x07 \x01(\t\"\x81\x01\n\x0e\x45nrollResponse\x12\x17\n\x0f\x63\x65rtificate_pem\x18\x01 \x01(\x0c\x12\x0e\n\x06\x63\x61_pem\x18\x02 \x01(\x0c\x12\x11\n\tnode_name\x18\x03 \x01(\t\x12\x13\n\x0b\x65nvironment\x18\x04 \x01(\t\x12\x0c\n\x04role\x18\x05 \x01(\t\x12\x10\n\x08next_seq\x18\x06 \x01(\x04\"\x84\x02\n\x0c\x41gentMessage\x12!\n\x05hello\x18\x01 \x01(\x0b\x32\x10.tether.v1.HelloH\x00\x12\'\n\x06\x65vents\x18\x02 \x01(\x0b\x32\x15.tether.v1.EventBatchH\x00\x12#\n\x06health\x18\x03 \x01(\x0b\x32\x11.tether.v1.HealthH\x00\x12&\n\x04gate\x18\x04 \x01(\x0b\x32\x16.tether.v1.GateRequestH\x00\x12)\n\x07secrets\x18\x05 \x01(\x0b\x32\x16.tether.v1.StepSecretsH\x00\x12(\n\x05renew\x18\x06 \x01(\x0b\x32\x17.tether.v1.RenewRequestH\x00\x42\x06\n\x04kind\"\xf3\x01\n\x05Hello\x12\x15\n\ragent_version\x18\x01 \x01(\t\x12#\n\x05\x66\x61\x63ts\x18\x02 \x01(\x0b\x32\x14.tether.v1.HostFacts\x12\x16\n\x0elast_acked_seq\x18\x03 \x01(\x04\x12\x10\n\x08next_seq\x18\x04 \x01(\x04\x12\x13\n\x0bplan_digest\x18\x05 \x01(\t\x12\x17\n\x0fplan_generation\x18\x06 \x01(\x04\x12%\n\x07journal\x18\x07 \x03(\x0b\x32\x14.tether.v1.StepState\x12\x15\n\rupgraded_from\x18\x08 \x01(\t\x12\x18\n\x10rolled_back_from\x18\t \x01(\t\"8\n\tStepState\x12\x0c\n\x04step\x18\x01 \x01(\t\x12\x0e\n\x06\x64igest\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\t\".\n\nEventBatch\x12 \n\x06\x65vents\x18\x01 \x03(\x0b\x32\x10.tether.v1.Event\"a\n\x0bGateRequest\x12\x0c\n\x04step\x18\x01 \x01(\t\x12\x0e\n\x06\x64igest\x18\x02 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x03 \x01(\r\x12#\n\x05\x66\x61\x63ts\x18\x04 \x01(\x0b\x32\x14.tether.v1.HostFacts\"\xf8\x01\n\x0bStepSecrets\x12\x0c\n\x04step\x18\x01 \x01(\t\x12\x32\n\x06values\x18\x02 \x03(\x0b\x32\".tether.v1.StepSecrets.ValuesEntry\x12\x12\n\ncommand_id\x18\x03 \x01(\t\x12\x34\n\x07outputs\x18\x04 \x03(\x0b\x32#.tether.v1.StepSecrets.OutputsEntry\x1a-\n\x0bValuesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a.\n\x0cOutputsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x1f\n\x0cRenewRequest\x12\x0f\n\x07\x63sr_pem\x18\x01 \x01(\x0c\"\xa8\x02\n\x11\x43ontrollerMessage\x12\x1f\n\x04plan\x18\x01 \x01(\x0b\x32\x0f.tether.v1.PlanH\x00\x12\x1d\n\x03\x61\x63k\x18\x02 \x01(\x0b\x32\x0e.tether.v1.AckH\x00\x12%\n\x07release\x18\x03 \x01(\x0b\x32\x12.tether.v1.ReleaseH\x00\x12%\n\x07\x63ommand\x18\x04 \x01(\x0b\x32\x12.tether.v1.CommandH\x00\x12\'\n\x08settings\x18\x05 \x01(\x0b\x32\x13.tether.v1.SettingsH\x00\x12-\n\x0b\x63\x65rtificate\x18\x06 \x01(\x0b\x32\x16.tether.v1.CertificateH\x00\x12%\n\x07welcome\x18\x07 \x01(\x0b\x32\x12.tether.v1.WelcomeH\x00\x42\x06\n\x04kind\"0\n\x07Welcome\x12\x11\n\tnode_name\x18\x01 \x01(\t\x12\x12\n\nstored_seq\x18\x02 \x01(\x04\"#\n\x03\x41\x63k\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x0f\n\x07secrets\x18\x02 \x03(\t\"\xe6\x01\n\x07Release\x12\x0c\n\x04step\x18\x01 \x01(\t\x12\x0e\n\x06\x64igest\x18\x02 \x01(\t\x12\x35\n\nsecret_env\x18\x03 \x03(\x0b\x32!.tether.v1.Release.SecretEnvEntry\x12(\n\x03\x65nv\x18\x04 \x03(\x0b\x32\x1b.tether.v1.Release.EnvEntry\x1a\x30\n\x0eSecretEnvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x89\x01\n\x07\x43ommand\x12\n\n\x02id\x18\x01 \x01(\t\x12!\n\x05rerun\x18\x02 \x01(\x0b\x32\x10.tether.v1.RerunH\x00\x12#\n\x06reboot\x18\x03 \x01(\x0b\x32\x11.tether.v1.RebootH\x00\x12\"\n\x04task\x18\x04 \x01(\x0b\x32\x12.tether.v1.RunTaskH\x00\x42\x06\n\x04kind\"\x16\n\x05Rerun\x12\r\n\x05steps\x18\x01 \x03(\t\"\x08\n\x06Reboot\"(\n\x07RunTask\x12\x1d\n\x04step\x18\x01 \x01(\x0b\x32\x0f.tether.v1.Step\"B\n\x08Settings\x12\x19\n\x11heartbeat_seconds\x18\x01 \x01(\r\x12\x1b\n\x13\x62\x61\x63koff_max_seconds\x18\x02 \x01(\r\"&\n\x0b\x43\x65rtificate\x12\x17\n\x0f\x63\x65rtificate_pem\x18\x01 \x01(\x0c\x32\xe5\x01\n\x0c\x41gentService\x12=\n\x06\x45nroll\x12\x18.tether.v1.EnrollRequest\x1a\x19.tether.v1.EnrollResponse\x12\x44\n\x07\x43onnect\x12\x17.tether.v1.AgentMessage\x1a\x1c.tether.v1.ControllerMessage(\x01\x30\x01\x12P\n\x10\x46\x65tchAgentBundle\x12\".tether.v1.FetchAgentBundleRequest\x1a\x16.tether.v1.BundleChunk0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -57,39 +57,39 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_EVENTBATCH']._serialized_start=1072
   _globals['_EVENTBATCH']._serialized_end=1118
   _globals['_GATEREQUEST']._serialized_start=1120
-  _globals['_GATEREQUEST']._serialized_end=1180
-  _globals['_STEPSECRETS']._serialized_start=1183
-  _globals['_STEPSECRETS']._serialized_end=1431
-  _globals['_STEPSECRETS_VALUESENTRY']._serialized_start=1338
-  _globals['_STEPSECRETS_VALUESENTRY']._serialized_end=1383
-  _globals['_STEPSECRETS_OUTPUTSENTRY']._serialized_start=1385
-  _globals['_STEPSECRETS_OUTPUTSENTRY']._serialized_end=1431
-  _globals['_RENEWREQUEST']._serialized_start=1433
-  _globals['_RENEWREQUEST']._serialized_end=1464
-  _globals['_CONTROLLERMESSAGE']._serialized_start=1467
-  _globals['_CONTROLLERMESSAGE']._serialized_end=1763
-  _globals['_WELCOME']._serialized_start=1765
-  _globals['_WELCOME']._serialized_end=1813
-  _globals['_ACK']._serialized_start=1815
-  _globals['_ACK']._serialized_end=1850
-  _globals['_RELEASE']._serialized_start=1853
-  _globals['_RELEASE']._serialized_end=2083
-  _globals['_RELEASE_SECRETENVENTRY']._serialized_start=1991
-  _globals['_RELEASE_SECRETENVENTRY']._serialized_end=2039
-  _globals['_RELEASE_ENVENTRY']._serialized_start=2041
-  _globals['_RELEASE_ENVENTRY']._serialized_end=2083
-  _globals['_COMMAND']._serialized_start=2086
-  _globals['_COMMAND']._serialized_end=2223
-  _globals['_RERUN']._serialized_start=2225
-  _globals['_RERUN']._serialized_end=2247
-  _globals['_REBOOT']._serialized_start=2249
-  _globals['_REBOOT']._serialized_end=2257
-  _globals['_RUNTASK']._serialized_start=2259
-  _globals['_RUNTASK']._serialized_end=2299
-  _globals['_SETTINGS']._serialized_start=2301
-  _globals['_SETTINGS']._serialized_end=2367
-  _globals['_CERTIFICATE']._serialized_start=2369
-  _globals['_CERTIFICATE']._serialized_end=2407
-  _globals['_AGENTSERVICE']._serialized_start=2410
-  _globals['_AGENTSERVICE']._serialized_end=2639
+  _globals['_GATEREQUEST']._serialized_end=1217
+  _globals['_STEPSECRETS']._serialized_start=1220
+  _globals['_STEPSECRETS']._serialized_end=1468
+  _globals['_STEPSECRETS_VALUESENTRY']._serialized_start=1375
+  _globals['_STEPSECRETS_VALUESENTRY']._serialized_end=1420
+  _globals['_STEPSECRETS_OUTPUTSENTRY']._serialized_start=1422
+  _globals['_STEPSECRETS_OUTPUTSENTRY']._serialized_end=1468
+  _globals['_RENEWREQUEST']._serialized_start=1470
+  _globals['_RENEWREQUEST']._serialized_end=1501
+  _globals['_CONTROLLERMESSAGE']._serialized_start=1504
+  _globals['_CONTROLLERMESSAGE']._serialized_end=1800
+  _globals['_WELCOME']._serialized_start=1802
+  _globals['_WELCOME']._serialized_end=1850
+  _globals['_ACK']._serialized_start=1852
+  _globals['_ACK']._serialized_end=1887
+  _globals['_RELEASE']._serialized_start=1890
+  _globals['_RELEASE']._serialized_end=2120
+  _globals['_RELEASE_SECRETENVENTRY']._serialized_start=2028
+  _globals['_RELEASE_SECRETENVENTRY']._serialized_end=2076
+  _globals['_RELEASE_ENVENTRY']._serialized_start=2078
+  _globals['_RELEASE_ENVENTRY']._serialized_end=2120
+  _globals['_COMMAND']._serialized_start=2123
+  _globals['_COMMAND']._serialized_end=2260
+  _globals['_RERUN']._serialized_start=2262
+  _globals['_RERUN']._serialized_end=2284
+  _globals['_REBOOT']._serialized_start=2286
+  _globals['_REBOOT']._serialized_end=2294
+  _globals['_RUNTASK']._serialized_start=2296
+  _globals['_RUNTASK']._serialized_end=2336
+  _globals['_SETTINGS']._serialized_start=2338
+  _globals['_SETTINGS']._serialized_end=2404
+  _globals['_CERTIFICATE']._serialized_start=2406
+  _globals['_CERTIFICATE']._serialized_end=2444
+  _globals['_AGENTSERVICE']._serialized_start=2447
+  _globals['_AGENTSERVICE']._serialized_end=2676
 # @@protoc_insertion_point(module_scope)

@@ -356,22 +356,30 @@ class GateRequest(_message.Message):
     STEP_FIELD_NUMBER: _builtins.int
     DIGEST_FIELD_NUMBER: _builtins.int
     ATTEMPT_FIELD_NUMBER: _builtins.int
+    FACTS_FIELD_NUMBER: _builtins.int
     step: _builtins.str
     """The gated step's name."""
     digest: _builtins.str
     """The step's digest: a Release for another digest does not open it."""
     attempt: _builtins.int
     """The attempt about to run; > 1: the previous attempt failed, so its release may be stale."""
+    @_builtins.property
+    def facts(self) -> _common_pb2.HostFacts:
+        """The node's facts collected when it reached the gate (GPUs, CPUs, memory): a hardware gate
+        checks them against spec.hardware.
+        """
+
     def __init__(
         self,
         *,
         step: _builtins.str = ...,
         digest: _builtins.str = ...,
         attempt: _builtins.int = ...,
+        facts: _common_pb2.HostFacts | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["facts", b"facts"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "digest", b"digest", "step", b"step"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "digest", b"digest", "facts", b"facts", "step", b"step"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -86,6 +86,9 @@ class HostFacts(_message.Message):
     ADDRESSES_FIELD_NUMBER: _builtins.int
     BOOT_ID_FIELD_NUMBER: _builtins.int
     MACHINE_ID_FIELD_NUMBER: _builtins.int
+    CPU_COUNT_FIELD_NUMBER: _builtins.int
+    MEMORY_TOTAL_BYTES_FIELD_NUMBER: _builtins.int
+    PCI_GPUS_FIELD_NUMBER: _builtins.int
     hostname: _builtins.str
     """The machine's hostname (gethostname), also the default node name."""
     os_id: _builtins.str
@@ -112,6 +115,10 @@ class HostFacts(_message.Message):
     """/proc/sys/kernel/random/boot_id: changes on every boot (a reboot is detected by it)."""
     machine_id: _builtins.str
     """/etc/machine-id: stable across reboots, unique per installation."""
+    cpu_count: _builtins.int
+    """Online CPUs (os.cpu_count)."""
+    memory_total_bytes: _builtins.int
+    """MemTotal from /proc/meminfo, in bytes."""
     @_builtins.property
     def gpus(self) -> _containers.RepeatedCompositeFieldContainer[Global___Gpu]:
         """What nvidia-smi reports, when a driver is loaded (else empty)."""
@@ -119,6 +126,10 @@ class HostFacts(_message.Message):
     @_builtins.property
     def addresses(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """The node's IPv4 addresses; the one it reaches the controller from comes first."""
+
+    @_builtins.property
+    def pci_gpus(self) -> _containers.RepeatedCompositeFieldContainer[Global___PciGpu]:
+        """The NVIDIA display and 3D controllers on the PCI bus, seen without a driver."""
 
     def __init__(
         self,
@@ -138,14 +149,49 @@ class HostFacts(_message.Message):
         addresses: _abc.Iterable[_builtins.str] | None = ...,
         boot_id: _builtins.str = ...,
         machine_id: _builtins.str = ...,
+        cpu_count: _builtins.int = ...,
+        memory_total_bytes: _builtins.int = ...,
+        pci_gpus: _abc.Iterable[Global___PciGpu] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["addresses", b"addresses", "arch", b"arch", "boot_id", b"boot_id", "docker", b"docker", "gpus", b"gpus", "hostname", b"hostname", "kernel", b"kernel", "machine_id", b"machine_id", "nvidia_gpu", b"nvidia_gpu", "os_family", b"os_family", "os_id", b"os_id", "os_pretty", b"os_pretty", "os_version_id", b"os_version_id", "python_version", b"python_version", "systemd", b"systemd"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["addresses", b"addresses", "arch", b"arch", "boot_id", b"boot_id", "cpu_count", b"cpu_count", "docker", b"docker", "gpus", b"gpus", "hostname", b"hostname", "kernel", b"kernel", "machine_id", b"machine_id", "memory_total_bytes", b"memory_total_bytes", "nvidia_gpu", b"nvidia_gpu", "os_family", b"os_family", "os_id", b"os_id", "os_pretty", b"os_pretty", "os_version_id", b"os_version_id", "pci_gpus", b"pci_gpus", "python_version", b"python_version", "systemd", b"systemd"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___HostFacts: _TypeAlias = HostFacts  # noqa: Y015
+
+@_typing.final
+class PciGpu(_message.Message):
+    """One NVIDIA GPU as the PCI bus shows it (no driver needed)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ADDRESS_FIELD_NUMBER: _builtins.int
+    DEVICE_ID_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    address: _builtins.str
+    """The PCI address, e.g. "0000:3b:00.0"."""
+    device_id: _builtins.str
+    """The PCI device id, e.g. "0x2335"."""
+    name: _builtins.str
+    """The device's name from the PCI id database (pci.ids), e.g. "GH100 [H200 SXM 141GB]"; empty
+    when the database is missing or does not know the id.
+    """
+    def __init__(
+        self,
+        *,
+        address: _builtins.str = ...,
+        device_id: _builtins.str = ...,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "device_id", b"device_id", "name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PciGpu: _TypeAlias = PciGpu  # noqa: Y015
 
 @_typing.final
 class Gpu(_message.Message):
@@ -159,6 +205,8 @@ class Gpu(_message.Message):
     DRIVER_VERSION_FIELD_NUMBER: _builtins.int
     MEMORY_TOTAL_MIB_FIELD_NUMBER: _builtins.int
     PCI_BUS_ID_FIELD_NUMBER: _builtins.int
+    ECC_UNCORRECTED_FIELD_NUMBER: _builtins.int
+    XID_ERRORS_FIELD_NUMBER: _builtins.int
     index: _builtins.int
     """nvidia-smi's index of the device (0-based)."""
     name: _builtins.str
@@ -171,6 +219,12 @@ class Gpu(_message.Message):
     """Total framebuffer memory in MiB."""
     pci_bus_id: _builtins.str
     """The PCI bus id, e.g. "00000000:3B:00.0"."""
+    ecc_uncorrected: _builtins.int
+    """Uncorrected ECC errors since the driver loaded (nvidia-smi's
+    ecc.errors.uncorrected.volatile.total; 0 when ECC is off or not reported).
+    """
+    xid_errors: _builtins.int
+    """Xid errors the kernel logged for this GPU since boot ("NVRM: Xid (PCI:...)" lines)."""
     def __init__(
         self,
         *,
@@ -180,10 +234,12 @@ class Gpu(_message.Message):
         driver_version: _builtins.str = ...,
         memory_total_mib: _builtins.int = ...,
         pci_bus_id: _builtins.str = ...,
+        ecc_uncorrected: _builtins.int = ...,
+        xid_errors: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["driver_version", b"driver_version", "index", b"index", "memory_total_mib", b"memory_total_mib", "name", b"name", "pci_bus_id", b"pci_bus_id", "uuid", b"uuid"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["driver_version", b"driver_version", "ecc_uncorrected", b"ecc_uncorrected", "index", b"index", "memory_total_mib", b"memory_total_mib", "name", b"name", "pci_bus_id", b"pci_bus_id", "uuid", b"uuid", "xid_errors", b"xid_errors"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -618,6 +674,7 @@ class Health(_message.Message):
     GPUS_FIELD_NUMBER: _builtins.int
     SERVICES_FIELD_NUMBER: _builtins.int
     CLUSTER_FIELD_NUMBER: _builtins.int
+    PCI_GPUS_FIELD_NUMBER: _builtins.int
     time_ms: _builtins.int
     """When it was collected: milliseconds since the Unix epoch."""
     os: _builtins.str
@@ -658,6 +715,10 @@ class Health(_message.Message):
     def cluster(self) -> Global___ClusterView:
         """The cluster as this node sees it: control planes only (unset elsewhere)."""
 
+    @_builtins.property
+    def pci_gpus(self) -> _containers.RepeatedCompositeFieldContainer[Global___PciGpu]:
+        """The NVIDIA GPUs on the PCI bus now (a GPU fallen off the bus is missing here or from gpus)."""
+
     def __init__(
         self,
         *,
@@ -677,10 +738,11 @@ class Health(_message.Message):
         gpus: _abc.Iterable[Global___Gpu] | None = ...,
         services: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         cluster: Global___ClusterView | None = ...,
+        pci_gpus: _abc.Iterable[Global___PciGpu] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["cluster", b"cluster"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "arch", b"arch", "cluster", b"cluster", "disk_free_bytes", b"disk_free_bytes", "disk_total_bytes", b"disk_total_bytes", "gpus", b"gpus", "kernel", b"kernel", "load1", b"load1", "load15", b"load15", "load5", b"load5", "memory_available_bytes", b"memory_available_bytes", "memory_total_bytes", b"memory_total_bytes", "os", b"os", "services", b"services", "time_ms", b"time_ms", "uptime_seconds", b"uptime_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "arch", b"arch", "cluster", b"cluster", "disk_free_bytes", b"disk_free_bytes", "disk_total_bytes", b"disk_total_bytes", "gpus", b"gpus", "kernel", b"kernel", "load1", b"load1", "load15", b"load15", "load5", b"load5", "memory_available_bytes", b"memory_available_bytes", "memory_total_bytes", b"memory_total_bytes", "os", b"os", "pci_gpus", b"pci_gpus", "services", b"services", "time_ms", b"time_ms", "uptime_seconds", b"uptime_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
