@@ -14,6 +14,7 @@ class NodeState(str, enum.Enum):
     PROVISIONING = "provisioning"
     PROVISIONED = "provisioned"
     FAILED = "failed"
+    QUARANTINED = "quarantined"  # its hardware does not match spec.hardware: no step runs
     OFFLINE = "offline"
     REVOKED = "revoked"
 
@@ -31,6 +32,8 @@ def failure_text(step: StepRecord) -> str:
 def node_state(node: NodeRecord, steps: Sequence[StepRecord], connected: bool) -> NodeState:
     if node.revoked:
         return NodeState.REVOKED
+    if node.hardware.get("quarantine"):
+        return NodeState.QUARANTINED
     if not connected:
         return NodeState.OFFLINE
     if not node.plan_digest:

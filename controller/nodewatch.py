@@ -44,7 +44,7 @@ EPOCH_SHIFT = 40  # revisions of one run: epoch << 40, + 1 per change
 
 ADDED, MODIFIED, DELETED = "added", "modified", "deleted"
 ENROLLED, GONE = "enrolled", "deleted"  # the reasons of an added and a deleted change
-_STATE_FIELDS = frozenset({"revoked", "plan_digest", "plan_generation"})  # update_node fields
+_STATE_FIELDS = frozenset({"revoked", "plan_digest", "plan_generation", "hardware"})  # update_node fields
 _STEP_KINDS = frozenset(
     {EventKind.STARTED, EventKind.WAITING, EventKind.SUCCEEDED, EventKind.FAILED, EventKind.SKIPPED}
 )

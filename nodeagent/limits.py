@@ -62,3 +62,8 @@ UPGRADE_MAX_STARTS = 3
 # A reset (nodeagent/deprovision.py): how long the agent waits for the controller to hold its "reset
 # done" report before it removes itself anyway.
 RESET_REPORT_SECONDS = 60.0
+
+# A controller Notice recorded as an INFO event: its message is cut to this many characters, its
+# step name and digest to MAX_NOTICE_STEP (a notice is one line, never an output dump).
+MAX_NOTICE_MESSAGE = 2000
+MAX_NOTICE_STEP = 128

@@ -39,7 +39,12 @@ from tether.nodeagent.errors import (
 )
 from tether.nodeagent.executor import Executor, scripts_dir
 from tether.nodeagent.identity import Identity, IdentityStore, make_csr
-from tether.nodeagent.limits import EVENT_BATCH_COUNT, RESET_REPORT_SECONDS
+from tether.nodeagent.limits import (
+    EVENT_BATCH_COUNT,
+    MAX_NOTICE_MESSAGE,
+    MAX_NOTICE_STEP,
+    RESET_REPORT_SECONDS,
+)
 from tether.nodeagent.model import AgentTarget, Event, EventKind, HostFacts, Plan, Step
 from tether.nodeagent.renewal import RenewalRule
 from tether.nodeagent.runner import Runner
@@ -522,6 +527,8 @@ class Agent:
             log.info("certificate renewed")
         elif kind == "welcome":
             pass
+        elif kind == "notice":
+            self._notice(msg.notice.step, msg.notice.digest, msg.notice.message)
         else:
             log.warning("ignoring a message kind this agent does not know", kind=kind)
 
@@ -557,6 +564,19 @@ class Agent:
         pending = self._gate_digests.get(step)
         if fut is not None and not fut.done() and pending is not None and pending[0] == digest:
             fut.set_result({**env, **secret_env})
+
+    def _notice(self, step: str, digest: str, message: str) -> None:
+        """The controller's word on this node, recorded as an INFO event (its own seq)."""
+        plan = self.executor.plan
+        self.executor.emit(
+            Event(
+                kind=EventKind.INFO,
+                step=step[:MAX_NOTICE_STEP],
+                digest=digest[:MAX_NOTICE_STEP],
+                message=self.redactor.redact(message[:MAX_NOTICE_MESSAGE]),
+                plan_generation=plan.generation if plan else 0,
+            )
+        )
 
     def _on_step_secrets(
         self, step: str, values: Mapping[str, str], outputs: Mapping[str, str], command_id: str = ""

@@ -39,6 +39,9 @@ class NodeRecord:
     prev_fingerprint: str = ""
     # The version its agent went back from by itself after a failed self-upgrade (hello), or "".
     agent_rolled_back_from: str = ""
+    # The hardware verdict (tether.controller.hardware): {"quarantine": {...}, "released": {...},
+    # "conditions": {...}}; {} when spec.hardware never spoke.
+    hardware: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ T = TypeVar("T")
 WriteFn = Callable[[sqlite3.Connection], Any]
 CommitObserver = Callable[[float, int], None]  # (seconds, writes) of each group commit
 
-SCHEMA_VERSION = 4  # 4: the audit log (its table is made with the others, by SCHEMA)
+SCHEMA_VERSION = 5  # 4: the audit log (its table is made with the others, by SCHEMA); 5: nodes.hardware
 KEEP_REVISIONS = 20  # an environment's past documents kept (and every one a node still runs)
 KEEP_AUDIT_RECORDS = 100_000  # the audit log's newest successful records kept; older ones go as new come
 KEEP_AUDIT_REFUSALS = 10_000  # its newest refusals (outcome not "ok"), kept apart: they never evict a change
@@ -66,7 +66,7 @@ CREATE TABLE IF NOT EXISTS nodes (
     health TEXT NOT NULL DEFAULT '{}', last_seen_ms INTEGER NOT NULL DEFAULT 0,
     agent_version TEXT NOT NULL DEFAULT '', plan_generation INTEGER NOT NULL DEFAULT 0,
     plan_digest TEXT NOT NULL DEFAULT '', stored_seq INTEGER NOT NULL DEFAULT 0,
-    agent_rolled_back_from TEXT NOT NULL DEFAULT '');
+    agent_rolled_back_from TEXT NOT NULL DEFAULT '', hardware TEXT NOT NULL DEFAULT '{}');
 CREATE INDEX IF NOT EXISTS nodes_by_env ON nodes (environment);
 CREATE TABLE IF NOT EXISTS node_steps (
     node TEXT NOT NULL, ordinal INTEGER NOT NULL, name TEXT NOT NULL, digest TEXT NOT NULL,
@@ -97,6 +97,7 @@ NODE_FIELDS = {
     "last_seen_ms",
     "agent_version",
     "agent_rolled_back_from",
+    "hardware",
     "plan_generation",
     "plan_digest",
 }
@@ -230,7 +231,7 @@ def _token(row: sqlite3.Row | tuple[Any, ...]) -> TokenRecord:
 _NODE_COLUMNS = (
     "name, environment, role, cert_fingerprint, key_hash, token_id, enrolled_ms, revoked, facts, health, "
     "last_seen_ms, agent_version, plan_generation, plan_digest, stored_seq, prev_fingerprint, "
-    "agent_rolled_back_from"
+    "agent_rolled_back_from, hardware"
 )
 
 
@@ -253,6 +254,7 @@ def _node(row: sqlite3.Row | tuple[Any, ...]) -> NodeRecord:
         stored_seq,
         prev_fp,
         rolled_back_from,
+        hardware,
     ) = row
     return NodeRecord(
         name=name,
@@ -272,6 +274,7 @@ def _node(row: sqlite3.Row | tuple[Any, ...]) -> NodeRecord:
         stored_seq=stored_seq,
         prev_fingerprint=prev_fp,
         agent_rolled_back_from=rolled_back_from,
+        hardware=json.loads(hardware),
     )
 
 
@@ -338,6 +341,8 @@ class SqliteStore:
                 _migrate_to_2(conn)
             if row is not None and int(row[0]) < 3:
                 _migrate_to_3(conn)
+            if row is not None and int(row[0]) < 5:
+                _migrate_to_5(conn)
             for statement in SCHEMA.split(";"):
                 if statement.strip():
                     conn.execute(statement)
@@ -499,7 +504,7 @@ class SqliteStore:
                 # A fresh enrollment is a new machine: it has run none of the old one's steps.
                 conn.execute("DELETE FROM node_steps WHERE node=?", (node_name,))
             conn.execute(
-                f"INSERT OR REPLACE INTO nodes ({_NODE_COLUMNS}) VALUES ({','.join('?' * 17)})",
+                f"INSERT OR REPLACE INTO nodes ({_NODE_COLUMNS}) VALUES ({','.join('?' * 18)})",
                 (
                     record.name,
                     record.environment,
@@ -518,6 +523,8 @@ class SqliteStore:
                     record.stored_seq,
                     record.prev_fingerprint,
                     record.agent_rolled_back_from,
+                    # A fresh machine under this name starts with no quarantine or condition.
+                    "{}" if consume else json.dumps(dict(record.hardware)),
                 ),
             )
             return record
@@ -797,6 +804,11 @@ def _migrate_to_2(conn: sqlite3.Connection) -> None:
 def _migrate_to_3(conn: sqlite3.Connection) -> None:
     """Schema 2 -> 3: a node remembers the agent version it rolled back from."""
     conn.execute("ALTER TABLE nodes ADD COLUMN agent_rolled_back_from TEXT NOT NULL DEFAULT ''")
+
+
+def _migrate_to_5(conn: sqlite3.Connection) -> None:
+    """Schema 4 -> 5: a node keeps its hardware verdict (quarantine, releases, conditions)."""
+    conn.execute("ALTER TABLE nodes ADD COLUMN hardware TEXT NOT NULL DEFAULT '{}'")
 
 
 def _prune_revisions(conn: sqlite3.Connection, name: str) -> None:

@@ -664,6 +664,10 @@ class Node(_message.Message):
     STORED_SEQ_FIELD_NUMBER: _builtins.int
     CERT_FINGERPRINT_FIELD_NUMBER: _builtins.int
     AGENT_ROLLED_BACK_FROM_FIELD_NUMBER: _builtins.int
+    QUARANTINE_FIELD_NUMBER: _builtins.int
+    CONDITIONS_FIELD_NUMBER: _builtins.int
+    ETA_MS_FIELD_NUMBER: _builtins.int
+    STRAGGLER_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """The node's name (unique in the controller)."""
     environment: _builtins.str
@@ -671,7 +675,7 @@ class Node(_message.Message):
     role: _builtins.str
     """"control-plane" | "worker"."""
     state: _builtins.str
-    """provisioning | provisioned | failed | offline | revoked"""
+    """provisioning | provisioned | failed | quarantined | offline | revoked"""
     connected: _builtins.bool
     """Its agent's stream is open now."""
     last_seen_ms: _builtins.int
@@ -690,6 +694,14 @@ class Node(_message.Message):
     """SHA-256 fingerprint of its current certificate."""
     agent_rolled_back_from: _builtins.str
     """The agent went back from this version by itself ("" if it did not)."""
+    eta_ms: _builtins.int
+    """While provisioning: when it should be done, from how long the same steps took on other
+    nodes (milliseconds since the Unix epoch; 0: no history to estimate from).
+    """
+    straggler: _builtins.bool
+    """Its current step has run more than 3 times the median of the same step on other nodes,
+    and at least 10 s longer.
+    """
     @_builtins.property
     def facts(self) -> _common_pb2.HostFacts:
         """What it said about itself on its last Hello."""
@@ -701,6 +713,16 @@ class Node(_message.Message):
     @_builtins.property
     def steps(self) -> _containers.RepeatedCompositeFieldContainer[Global___StepStatus]:
         """Every step of its plan (GetNode only)."""
+
+    @_builtins.property
+    def quarantine(self) -> Global___Quarantine:
+        """Set while the node is quarantined: its hardware did not match spec.hardware."""
+
+    @_builtins.property
+    def conditions(self) -> _containers.RepeatedCompositeFieldContainer[Global___NodeCondition]:
+        """Hardware conditions raised from its health reports (GPUsMissing, GPUErrors, DriverMismatch);
+        only those that hold.
+        """
 
     def __init__(
         self,
@@ -721,14 +743,177 @@ class Node(_message.Message):
         stored_seq: _builtins.int = ...,
         cert_fingerprint: _builtins.str = ...,
         agent_rolled_back_from: _builtins.str = ...,
+        quarantine: Global___Quarantine | None = ...,
+        conditions: _abc.Iterable[Global___NodeCondition] | None = ...,
+        eta_ms: _builtins.int = ...,
+        straggler: _builtins.bool = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["facts", b"facts", "health", b"health"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["facts", b"facts", "health", b"health", "quarantine", b"quarantine"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_rolled_back_from", b"agent_rolled_back_from", "agent_version", b"agent_version", "cert_fingerprint", b"cert_fingerprint", "connected", b"connected", "enrolled_ms", b"enrolled_ms", "environment", b"environment", "facts", b"facts", "health", b"health", "last_seen_ms", b"last_seen_ms", "name", b"name", "plan_digest", b"plan_digest", "plan_generation", b"plan_generation", "role", b"role", "state", b"state", "steps", b"steps", "stored_seq", b"stored_seq"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_rolled_back_from", b"agent_rolled_back_from", "agent_version", b"agent_version", "cert_fingerprint", b"cert_fingerprint", "conditions", b"conditions", "connected", b"connected", "enrolled_ms", b"enrolled_ms", "environment", b"environment", "eta_ms", b"eta_ms", "facts", b"facts", "health", b"health", "last_seen_ms", b"last_seen_ms", "name", b"name", "plan_digest", b"plan_digest", "plan_generation", b"plan_generation", "quarantine", b"quarantine", "role", b"role", "state", b"state", "steps", b"steps", "stored_seq", b"stored_seq", "straggler", b"straggler"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Node: _TypeAlias = Node  # noqa: Y015
+
+@_typing.final
+class Quarantine(_message.Message):
+    """Why a node is quarantined: what spec.hardware expected and what the node had."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class ExpectedEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
+    class FoundEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    STAGE_FIELD_NUMBER: _builtins.int
+    PROBLEMS_FIELD_NUMBER: _builtins.int
+    EXPECTED_FIELD_NUMBER: _builtins.int
+    FOUND_FIELD_NUMBER: _builtins.int
+    SINCE_MS_FIELD_NUMBER: _builtins.int
+    stage: _builtins.str
+    """"before-steps" (checked before any step ran), "before-join" (before the cluster join, with a
+    driver) or "diagnostics" (dcgmi diag failed or is missing).
+    """
+    since_ms: _builtins.int
+    """When it was quarantined."""
+    @_builtins.property
+    def problems(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """One line per mismatch, e.g. "gpus.count: expected 8, found 0"."""
+
+    @_builtins.property
+    def expected(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """What was expected, e.g. {"gpus.count": "8", "gpus.product": "H200"}."""
+
+    @_builtins.property
+    def found(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """What was found, under the same keys."""
+
+    def __init__(
+        self,
+        *,
+        stage: _builtins.str = ...,
+        problems: _abc.Iterable[_builtins.str] | None = ...,
+        expected: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        found: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        since_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["expected", b"expected", "found", b"found", "problems", b"problems", "since_ms", b"since_ms", "stage", b"stage"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Quarantine: _TypeAlias = Quarantine  # noqa: Y015
+
+@_typing.final
+class NodeCondition(_message.Message):
+    """A node condition raised from its health reports, Kubernetes-style."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TYPE_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    SINCE_MS_FIELD_NUMBER: _builtins.int
+    type: _builtins.str
+    """GPUsMissing | GPUErrors | DriverMismatch"""
+    reason: _builtins.str
+    """CamelCase reason, e.g. FellOffTheBus, XidErrors, UncorrectedECC."""
+    message: _builtins.str
+    """Human-readable detail: what was expected and what was seen."""
+    since_ms: _builtins.int
+    """Since when it holds."""
+    def __init__(
+        self,
+        *,
+        type: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        message: _builtins.str = ...,
+        since_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["message", b"message", "reason", b"reason", "since_ms", b"since_ms", "type", b"type"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___NodeCondition: _TypeAlias = NodeCondition  # noqa: Y015
+
+@_typing.final
+class ReleaseNodeRequest(_message.Message):
+    """Which quarantined node to let go on."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """The node's name."""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReleaseNodeRequest: _TypeAlias = ReleaseNodeRequest  # noqa: Y015
+
+@_typing.final
+class ReleaseNodeResponse(_message.Message):
+    """Empty: the node goes on with its plan."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReleaseNodeResponse: _TypeAlias = ReleaseNodeResponse  # noqa: Y015
 
 @_typing.final
 class ListNodesRequest(_message.Message):
@@ -1192,6 +1377,7 @@ class ClusterNodeHealth(_message.Message):
     KUBELET_FIELD_NUMBER: _builtins.int
     RUNTIME_FIELD_NUMBER: _builtins.int
     JOINED_FIELD_NUMBER: _builtins.int
+    CONDITIONS_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """The node's name."""
     role: _builtins.str
@@ -1210,6 +1396,10 @@ class ClusterNodeHealth(_message.Message):
     """The container runtime unit's state."""
     joined: _builtins.bool
     """Its kubeadm init/join step succeeded."""
+    @_builtins.property
+    def conditions(self) -> _containers.RepeatedCompositeFieldContainer[Global___NodeCondition]:
+        """Hardware conditions that hold on the node (GPUsMissing, GPUErrors, DriverMismatch)."""
+
     def __init__(
         self,
         *,
@@ -1222,10 +1412,11 @@ class ClusterNodeHealth(_message.Message):
         kubelet: _builtins.str = ...,
         runtime: _builtins.str = ...,
         joined: _builtins.bool = ...,
+        conditions: _abc.Iterable[Global___NodeCondition] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_state", b"agent_state", "internal_ip", b"internal_ip", "joined", b"joined", "kubelet", b"kubelet", "name", b"name", "ready", b"ready", "role", b"role", "runtime", b"runtime", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_state", b"agent_state", "conditions", b"conditions", "internal_ip", b"internal_ip", "joined", b"joined", "kubelet", b"kubelet", "name", b"name", "ready", b"ready", "role", b"role", "runtime", b"runtime", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1759,6 +1950,8 @@ class RolloutNode(_message.Message):
     MESSAGE_FIELD_NUMBER: _builtins.int
     UPDATED_MS_FIELD_NUMBER: _builtins.int
     CONTROL_PLANE_FIELD_NUMBER: _builtins.int
+    ETA_MS_FIELD_NUMBER: _builtins.int
+    STRAGGLER_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """The node's name."""
     state: _builtins.str
@@ -1771,6 +1964,10 @@ class RolloutNode(_message.Message):
     """When its state last changed."""
     control_plane: _builtins.bool
     """It is a control plane (they move first, one at a time)."""
+    eta_ms: _builtins.int
+    """Running: when it should be done (milliseconds since the Unix epoch; 0: no estimate)."""
+    straggler: _builtins.bool
+    """Running: its current step takes far longer than on the other nodes."""
     def __init__(
         self,
         *,
@@ -1780,10 +1977,12 @@ class RolloutNode(_message.Message):
         message: _builtins.str = ...,
         updated_ms: _builtins.int = ...,
         control_plane: _builtins.bool = ...,
+        eta_ms: _builtins.int = ...,
+        straggler: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["control_plane", b"control_plane", "message", b"message", "name", b"name", "state", b"state", "step", b"step", "updated_ms", b"updated_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["control_plane", b"control_plane", "eta_ms", b"eta_ms", "message", b"message", "name", b"name", "state", b"state", "step", b"step", "straggler", b"straggler", "updated_ms", b"updated_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1809,6 +2008,7 @@ class Rollout(_message.Message):
     STARTED_MS_FIELD_NUMBER: _builtins.int
     UPDATED_MS_FIELD_NUMBER: _builtins.int
     AGENT_VERSION_FIELD_NUMBER: _builtins.int
+    ETA_MS_FIELD_NUMBER: _builtins.int
     environment: _builtins.str
     """The environment's name."""
     state: _builtins.str
@@ -1833,6 +2033,10 @@ class Rollout(_message.Message):
     """When it last changed."""
     agent_version: _builtins.str
     """An agent upgrade: the version being rolled out."""
+    eta_ms: _builtins.int
+    """When the whole rollout should be complete, from how long the same steps took on the nodes
+    that finished them (milliseconds since the Unix epoch; 0: no history to estimate from).
+    """
     @_builtins.property
     def policy(self) -> Global___RolloutPolicy:
         """How it moves."""
@@ -1858,10 +2062,11 @@ class Rollout(_message.Message):
         started_ms: _builtins.int = ...,
         updated_ms: _builtins.int = ...,
         agent_version: _builtins.str = ...,
+        eta_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["policy", b"policy"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "environment", b"environment", "failed", b"failed", "from_generation", b"from_generation", "generation", b"generation", "nodes", b"nodes", "pending", b"pending", "policy", b"policy", "reason", b"reason", "running", b"running", "started_ms", b"started_ms", "state", b"state", "updated", b"updated", "updated_ms", b"updated_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "environment", b"environment", "eta_ms", b"eta_ms", "failed", b"failed", "from_generation", b"from_generation", "generation", b"generation", "nodes", b"nodes", "pending", b"pending", "policy", b"policy", "reason", b"reason", "running", b"running", "started_ms", b"started_ms", "state", b"state", "updated", b"updated", "updated_ms", b"updated_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -116,6 +116,11 @@ class AdminServiceStub:
                 request_serializer=tether_dot_v1_dot_admin__pb2.RerunStepsRequest.SerializeToString,
                 response_deserializer=tether_dot_v1_dot_admin__pb2.RerunStepsResponse.FromString,
                 _registered_method=True)
+        self.ReleaseNode = channel.unary_unary(
+                '/tether.v1.AdminService/ReleaseNode',
+                request_serializer=tether_dot_v1_dot_admin__pb2.ReleaseNodeRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_admin__pb2.ReleaseNodeResponse.FromString,
+                _registered_method=True)
         self.ListEvents = channel.unary_unary(
                 '/tether.v1.AdminService/ListEvents',
                 request_serializer=tether_dot_v1_dot_admin__pb2.ListEventsRequest.SerializeToString,
@@ -319,6 +324,14 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReleaseNode(self, request, context):
+        """Let a quarantined node go on once, although its hardware does not match spec.hardware
+        (FAILED_PRECONDITION if it is not quarantined); recorded in its events with the admin's name.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListEvents(self, request, context):
         """A node's stored events after a seq, oldest first.
         """
@@ -516,6 +529,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.RerunSteps,
                     request_deserializer=tether_dot_v1_dot_admin__pb2.RerunStepsRequest.FromString,
                     response_serializer=tether_dot_v1_dot_admin__pb2.RerunStepsResponse.SerializeToString,
+            ),
+            'ReleaseNode': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReleaseNode,
+                    request_deserializer=tether_dot_v1_dot_admin__pb2.ReleaseNodeRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_admin__pb2.ReleaseNodeResponse.SerializeToString,
             ),
             'ListEvents': grpc.unary_unary_rpc_method_handler(
                     servicer.ListEvents,
@@ -992,6 +1010,33 @@ class AdminService:
             '/tether.v1.AdminService/RerunSteps',
             tether_dot_v1_dot_admin__pb2.RerunStepsRequest.SerializeToString,
             tether_dot_v1_dot_admin__pb2.RerunStepsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReleaseNode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.AdminService/ReleaseNode',
+            tether_dot_v1_dot_admin__pb2.ReleaseNodeRequest.SerializeToString,
+            tether_dot_v1_dot_admin__pb2.ReleaseNodeResponse.FromString,
             options,
             channel_credentials,
             insecure,

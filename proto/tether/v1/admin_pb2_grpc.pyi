@@ -85,6 +85,10 @@ class AdminServiceStub:
     """Deprovision a node: leave the cluster, remove the agent, its config and state; then forget it."""
     RerunSteps: _grpc.UnaryUnaryMultiCallable[_admin_pb2.RerunStepsRequest, _admin_pb2.RerunStepsResponse]
     """Run steps of a connected node again (FAILED_PRECONDITION if it is not connected)."""
+    ReleaseNode: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ReleaseNodeRequest, _admin_pb2.ReleaseNodeResponse]
+    """Let a quarantined node go on once, although its hardware does not match spec.hardware
+    (FAILED_PRECONDITION if it is not quarantined); recorded in its events with the admin's name.
+    """
     ListEvents: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListEventsRequest, _admin_pb2.ListEventsResponse]
     """A node's stored events after a seq, oldest first."""
     FollowEvents: _grpc.UnaryStreamMultiCallable[_admin_pb2.ListEventsRequest, _common_pb2.Event]
@@ -181,6 +185,10 @@ class AdminServiceAsyncStub(AdminServiceStub):
     """Deprovision a node: leave the cluster, remove the agent, its config and state; then forget it."""
     RerunSteps: _aio.UnaryUnaryMultiCallable[_admin_pb2.RerunStepsRequest, _admin_pb2.RerunStepsResponse]  # type: ignore[assignment]
     """Run steps of a connected node again (FAILED_PRECONDITION if it is not connected)."""
+    ReleaseNode: _aio.UnaryUnaryMultiCallable[_admin_pb2.ReleaseNodeRequest, _admin_pb2.ReleaseNodeResponse]  # type: ignore[assignment]
+    """Let a quarantined node go on once, although its hardware does not match spec.hardware
+    (FAILED_PRECONDITION if it is not quarantined); recorded in its events with the admin's name.
+    """
     ListEvents: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListEventsRequest, _admin_pb2.ListEventsResponse]  # type: ignore[assignment]
     """A node's stored events after a seq, oldest first."""
     FollowEvents: _aio.UnaryStreamMultiCallable[_admin_pb2.ListEventsRequest, _common_pb2.Event]  # type: ignore[assignment]
@@ -358,6 +366,16 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_admin_pb2.RerunStepsResponse, _abc.Awaitable[_admin_pb2.RerunStepsResponse]]:
         """Run steps of a connected node again (FAILED_PRECONDITION if it is not connected)."""
+
+    @_abc_1.abstractmethod
+    def ReleaseNode(
+        self,
+        request: _admin_pb2.ReleaseNodeRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.ReleaseNodeResponse, _abc.Awaitable[_admin_pb2.ReleaseNodeResponse]]:
+        """Let a quarantined node go on once, although its hardware does not match spec.hardware
+        (FAILED_PRECONDITION if it is not quarantined); recorded in its events with the admin's name.
+        """
 
     @_abc_1.abstractmethod
     def ListEvents(

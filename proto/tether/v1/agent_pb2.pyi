@@ -500,6 +500,7 @@ class ControllerMessage(_message.Message):
     SETTINGS_FIELD_NUMBER: _builtins.int
     CERTIFICATE_FIELD_NUMBER: _builtins.int
     WELCOME_FIELD_NUMBER: _builtins.int
+    NOTICE_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def plan(self) -> _common_pb2.Plan:
         """The node's plan, whenever it changes (and after the Welcome)."""
@@ -528,6 +529,10 @@ class ControllerMessage(_message.Message):
     def welcome(self) -> Global___Welcome:
         """First message of every stream."""
 
+    @_builtins.property
+    def notice(self) -> Global___Notice:
+        """A line for the node's event stream, in the controller's words."""
+
     def __init__(
         self,
         *,
@@ -538,16 +543,51 @@ class ControllerMessage(_message.Message):
         settings: Global___Settings | None = ...,
         certificate: Global___Certificate | None = ...,
         welcome: Global___Welcome | None = ...,
+        notice: Global___Notice | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "certificate", b"certificate", "command", b"command", "kind", b"kind", "plan", b"plan", "release", b"release", "settings", b"settings", "welcome", b"welcome"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "certificate", b"certificate", "command", b"command", "kind", b"kind", "notice", b"notice", "plan", b"plan", "release", b"release", "settings", b"settings", "welcome", b"welcome"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "certificate", b"certificate", "command", b"command", "kind", b"kind", "plan", b"plan", "release", b"release", "settings", b"settings", "welcome", b"welcome"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "certificate", b"certificate", "command", b"command", "kind", b"kind", "notice", b"notice", "plan", b"plan", "release", b"release", "settings", b"settings", "welcome", b"welcome"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["plan", "ack", "release", "command", "settings", "certificate", "welcome"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["plan", "ack", "release", "command", "settings", "certificate", "welcome", "notice"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
 Global___ControllerMessage: _TypeAlias = ControllerMessage  # noqa: Y015
+
+@_typing.final
+class Notice(_message.Message):
+    """Something the controller decided about the node that belongs in its event history (a
+    quarantine and why, a release and who gave it, a straggler): the agent records it as an INFO
+    event of the step, numbered like its own, so the history stays one contiguous sequence.
+    Never holds a secret.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STEP_FIELD_NUMBER: _builtins.int
+    DIGEST_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    step: _builtins.str
+    """The step it concerns ("" for the node as a whole)."""
+    digest: _builtins.str
+    """That step's digest ("" for the node as a whole)."""
+    message: _builtins.str
+    """The line, e.g. "quarantined before any step: gpus.count: expected 8, found 0"."""
+    def __init__(
+        self,
+        *,
+        step: _builtins.str = ...,
+        digest: _builtins.str = ...,
+        message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["digest", b"digest", "message", b"message", "step", b"step"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Notice: _TypeAlias = Notice  # noqa: Y015
 
 @_typing.final
 class Welcome(_message.Message):
