@@ -15,6 +15,7 @@ from tether.controller.audit import audited
 from tether.controller.auth import Principal
 from tether.controller.documents import DocumentParser
 from tether.controller.errors import (
+    AlreadyExists,
     FailedPrecondition,
     InvalidArgument,
     NotFound,
@@ -23,8 +24,10 @@ from tether.controller.errors import (
     check_generation,
 )
 from tether.controller.limits import STREAM_RECHECK_SECONDS
-from tether.controller.nodestate import node_state
+from tether.controller.nodestate import NodeState, node_state
+from tether.controller.progress import NO_ESTIMATE
 from tether.controller.rpc import stream, unary
+from tether.controller.spec import names
 from tether.controller.store.records import NodeRecord
 from tether.nodeagent import logs
 from tether.nodeagent.model import Event, HostFacts, Role, facts_from_dict, health_from_dict, now_ms
@@ -100,6 +103,8 @@ class AdminService(wire.AdminServiceServicer):
         if request.dry_run:
             existing = app.store.get_environment(name)
             check_generation(name, existing.generation if existing else None, request.expected_generation)
+            if existing is None:
+                _check_dns_name_free(app, name)
             return wire.admin.ApplyEnvironmentResponse(
                 environment=wire.admin.Environment(
                     name=name,
@@ -111,6 +116,8 @@ class AdminService(wire.AdminServiceServicer):
                 notes=list(loaded.notes),
             )
         before = app.store.get_environment(name)
+        if before is None:
+            _check_dns_name_free(app, name)
         record, changed = await app.store.put_environment(  # Aborted at a stale expected_generation
             name,
             request.document,
@@ -321,8 +328,21 @@ class AdminService(wire.AdminServiceServicer):
                     )
                     requested = {s.name: dict(s.requested) for s in plan.steps}
             step_pbs = [wire.step_status_to_pb(s, requested.get(s.name)) for s in steps]
+        # Provisioning: its ETA and whether it straggles, from its steps and the fleet's history.
+        estimate = (
+            app.progress.estimate(node.name, node.environment, steps, now_ms())
+            if state == NodeState.PROVISIONING.value
+            else NO_ESTIMATE
+        )
         return wire.node_to_pb(
-            node, state, connected, steps=step_pbs, health=health if detail else None, facts=facts
+            node,
+            state,
+            connected,
+            steps=step_pbs,
+            health=health if detail else None,
+            facts=facts,
+            eta_ms=estimate.eta_ms,
+            straggler=estimate.straggler,
         )
 
     @unary
@@ -429,6 +449,19 @@ class AdminService(wire.AdminServiceServicer):
         )
         log.info("rerun requested", node=node.name, steps=list(request.steps), by=who.name)
         return wire.admin.RerunStepsResponse()
+
+    @unary
+    @audited()
+    async def ReleaseNode(
+        self, request: wire.admin.ReleaseNodeRequest, context: Any
+    ) -> wire.admin.ReleaseNodeResponse:
+        who = self._caller(context, write=True)
+        node = self._scoped_node(who, request.name)
+        if self.app.hardware is None:
+            raise FailedPrecondition(f"node {node.name!r} is not quarantined")
+        await self.app.hardware.release(node, who.name)
+        log.info("quarantined node released", node=node.name, by=who.name)
+        return wire.admin.ReleaseNodeResponse()
 
     # -- events -------------------------------------------------------------------------------
 
@@ -540,7 +573,7 @@ class AdminService(wire.AdminServiceServicer):
     @unary
     async def GetRollout(self, request: wire.admin.GetRolloutRequest, context: Any) -> Any:
         self._in_scope(self._caller(context, write=False), request.environment)
-        return admin_rollouts.rollout_to_pb(self.app.rollouts.existing(request.environment))
+        return admin_rollouts.status(self.app, self.app.rollouts.existing(request.environment))
 
     @unary
     @audited(describe=lambda q, r: _rollout_detail(r))
@@ -743,6 +776,21 @@ def _named(e: Event, node: str) -> Event:
 
 
 # -- audit details (never a secret: ids, counts and states only) ---------------------------------
+
+
+def _check_dns_name_free(app: App, name: str) -> None:
+    """A new environment's DNS-safe name (``spec.names.dns_name``) is no other environment's:
+    ``a_b`` and ``a-b`` would be the same cluster name, kubeconfig cluster and context."""
+    dns = names.dns_name(name)
+    clash = next(
+        (e.name for e in app.store.list_environments() if e.name != name and names.dns_name(e.name) == dns),
+        None,
+    )
+    if clash is not None:
+        raise AlreadyExists(
+            f"environment {name!r} would have the DNS name {dns!r}, which environment {clash!r} already "
+            "has (the names differ only where a DNS name cannot): rename one of them"
+        )
 
 
 def _changed(changed: bool) -> str:

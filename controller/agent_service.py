@@ -284,6 +284,7 @@ class AgentService(wire.AgentServiceServicer):
         app = self.app
         node = await self._greet(node, hello, presented)
         session.stored_seq = node.stored_seq
+        app.progress.seen(node.name, node.environment, app.store.node_steps(node.name))  # what runs now
         await context.write(
             wire.agent.ControllerMessage(
                 welcome=wire.agent.Welcome(node_name=node.name, stored_seq=node.stored_seq)
@@ -352,6 +353,8 @@ class AgentService(wire.AgentServiceServicer):
             return
         if plan.digest != current.plan_digest or plan.generation != current.plan_generation:
             await app.store.set_node_plan(node.name, plan)
+            if app.hardware is not None:  # a quarantine of a step this plan no longer has goes
+                await app.hardware.on_plan(current, plan)
         if plan.digest != agent_digest or plan.generation != agent_generation:
             app.hub.send(node.name, self._plan_message(plan))
 
@@ -389,6 +392,9 @@ class AgentService(wire.AgentServiceServicer):
             kind = msg.WhichOneof("kind")
             if kind == "health":
                 session.report_health(msg.health, wire.health_from_pb)
+                drift = self.app.drift
+                if drift is not None:  # GPU conditions (compared in memory; written on change)
+                    await drift.on_health(node.name, node.environment, session, msg.health)
                 saved = session.health_saved
                 if not saved or session.last_seen - saved >= HEALTH_PERSIST_SECONDS:
                     await self._save_health(node, session)
@@ -408,7 +414,14 @@ class AgentService(wire.AgentServiceServicer):
         if kind == "events":
             await self._events(node, session, msg.events.events)
         elif kind == "gate":
-            await app.gates.gate_requested(node, msg.gate.step, msg.gate.digest, msg.gate.attempt or 1)
+            gate = msg.gate
+            if app.hardware is None:
+                await app.gates.gate_requested(node, gate.step, gate.digest, gate.attempt or 1)
+            else:  # the hardware gate answers with the facts the node sent, then hands on
+                facts = wire.facts_from_pb(gate.facts) if gate.HasField("facts") else None
+                await app.hardware.gate_requested(
+                    node, gate.step, gate.digest, gate.attempt or 1, facts=facts
+                )
         elif kind == "secrets":
             s = msg.secrets
             # The gate keeper decides what is accepted; it masks what it keeps.
@@ -447,8 +460,11 @@ class AgentService(wire.AgentServiceServicer):
         session.send(wire.agent.ControllerMessage(ack=wire.agent.Ack(seq=stored)))
         # A generator: the copies are made only when someone follows this node's events.
         app.hub.publish(node.name, node.environment, (replace(e, node=node.name) for e in events))
+        app.progress.observe(node.name, node.environment, events)  # step durations: ETAs, stragglers
         await app.cluster.on_events(node, events)
         await self.resets.on_events(node, events)  # a reset reported done: the node is forgotten
+        if app.hardware is not None:
+            await app.hardware.on_events(node, events)  # failed GPU diagnostics quarantine
         app.rollouts.poke(node.environment)
         if charged.over_bytes or charged.over_events:
             await asyncio.sleep(self.quotas.pause(charged))

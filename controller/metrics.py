@@ -49,6 +49,7 @@ from tether.controller.errors import (
     ResourceExhausted,
     TokenRejected,
 )
+from tether.controller.hardware.names import CONDITION_TYPES
 from tether.controller.limits import (
     METRICS_PROBE_SECONDS,
     METRICS_REQUEST_TIMEOUT_SECONDS,
@@ -121,17 +122,46 @@ BUILD_INFO = Gauge(
 BUILD_INFO.labels(__version__).set(1)
 for _result in ENROLL_RESULTS:
     ENROLLMENTS.labels(_result)
+QUARANTINES = Counter(
+    "tether_quarantines",
+    "Nodes quarantined by the hardware gate, by environment and stage (before-steps, before-join, "
+    "diagnostics).",
+    ["environment", "stage"],
+    registry=REGISTRY,
+)
+RELEASES = Counter(
+    "tether_quarantine_releases",
+    "Quarantined nodes an operator let go on (tetherctl node release), by environment.",
+    ["environment"],
+    registry=REGISTRY,
+)
+STRAGGLERS = Gauge(
+    "tether_stragglers",
+    "Nodes whose current step has run more than 3x the median of the same step on other nodes, "
+    "and at least 10 s longer, by environment (environments with a step running).",
+    ["environment"],
+    registry=REGISTRY,
+)
+_straggler_environments: set[str] = set()
 
 # Per node: revoked, has a plan, steps that fail it, steps not done (as tether.controller.nodestate decides).
 NODE_SCAN_SQL = """
 SELECT n.name, n.environment, n.revoked, n.plan_digest != '',
-       COALESCE(s.blocking, 0), COALESCE(s.undone, 0)
+       COALESCE(s.blocking, 0), COALESCE(s.undone, 0),
+       json_extract(n.hardware, '$.quarantine') IS NOT NULL
 FROM nodes n LEFT JOIN (
     SELECT node,
            SUM(state = 'failed' AND continue_on_error = 0) AS blocking,
            SUM(NOT (state IN ('succeeded', 'skipped') OR (state = 'failed' AND continue_on_error = 1)))
                AS undone
     FROM node_steps GROUP BY node) s ON s.node = n.name
+"""
+
+# (environment, condition type, nodes): the GPU conditions that hold (tether.controller.hardware.drift).
+CONDITION_SCAN_SQL = """
+SELECT n.environment, c.key, COUNT(*)
+FROM nodes n, json_each(n.hardware, '$.conditions') c
+WHERE n.revoked = 0 GROUP BY n.environment, c.key
 """
 
 
@@ -157,6 +187,24 @@ def events_stored(environment: str, events: Sequence[Event]) -> None:
             STEP_SECONDS.labels(environment, e.step, result).observe(e.duration_seconds)
 
 
+def quarantined(environment: str, stage: str) -> None:
+    QUARANTINES.labels(environment, stage).inc()
+
+
+def released(environment: str) -> None:
+    RELEASES.labels(environment).inc()
+
+
+def stragglers(counts: dict[str, int]) -> None:
+    """The straggler gauge (``tether.controller.progress``): these environments, no others."""
+    for environment in _straggler_environments - counts.keys():
+        STRAGGLERS.remove(environment)
+    for environment, n in counts.items():
+        STRAGGLERS.labels(environment).set(n)
+    _straggler_environments.clear()
+    _straggler_environments.update(counts)
+
+
 def store_committed(seconds: float, writes: int) -> None:
     """One group commit of the store (called in its writer thread)."""
     STORE_COMMIT_SECONDS.observe(seconds)
@@ -176,9 +224,11 @@ def timed_method(name: str) -> tuple[Callable[[float], None], Callable[[str], No
 def node_state_counts(rows: Iterable[tuple[Any, ...]], connected: frozenset[str]) -> Tally[tuple[str, str]]:
     """(environment, state) -> nodes, from ``NODE_SCAN_SQL`` rows (``node_state``'s rules)."""
     counts: Tally[tuple[str, str]] = Tally()
-    for name, environment, revoked, planned, blocking, undone in rows:
+    for name, environment, revoked, planned, blocking, undone, quarantined in rows:
         if revoked:
             state = NodeState.REVOKED
+        elif quarantined:
+            state = NodeState.QUARANTINED
         elif name not in connected:
             state = NodeState.OFFLINE
         elif not planned:
@@ -277,7 +327,8 @@ class FleetCollector(Collector):
         agents = GaugeMetricFamily("tether_agents_connected", "Agents with an open stream.")
         agents.add_metric([], len(view.connected))
         nodes = _nodes_family(counts, view.environments)
-        return [agents, nodes, *_rollout_families(view.rollouts), scan]
+        conditions = _conditions_family(self._conn.execute(CONDITION_SCAN_SQL), view.environments)
+        return [agents, nodes, conditions, *_rollout_families(view.rollouts), scan]
 
 
 def _nodes_family(counts: Tally[tuple[str, str]], environments: Iterable[str]) -> GaugeMetricFamily:
@@ -291,6 +342,20 @@ def _nodes_family(counts: Tally[tuple[str, str]], environments: Iterable[str]) -
         for state in NodeState:
             nodes.add_metric([environment, state.value], counts[(environment, state.value)])
     return nodes
+
+
+def _conditions_family(rows: Iterable[tuple[Any, ...]], environments: Iterable[str]) -> GaugeMetricFamily:
+    """Nodes with each GPU condition, by environment (every type of every environment, zeros too)."""
+    family = GaugeMetricFamily(
+        "tether_node_conditions",
+        "Nodes on which a GPU condition holds (GPUsMissing, GPUErrors, DriverMismatch), by environment.",
+        labels=["environment", "type"],
+    )
+    counts = {(str(env), str(kind)): int(n) for env, kind, n in rows}
+    for environment in sorted({env for env, _ in counts} | set(environments)):
+        for kind in sorted(set(CONDITION_TYPES) | {k for e, k in counts if e == environment}):
+            family.add_metric([environment, kind], counts.get((environment, kind), 0))
+    return family
 
 
 def _rollout_families(rollouts: Iterable[RolloutView]) -> list[GaugeMetricFamily]:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Collection, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -178,6 +178,11 @@ class NodeWatch:
             self._append(MODIFIED, state, record.name, record.environment, state)
         known[name] = _Known(state, record.environment, record.enrolled_ms)
 
+    def state(self, name: str) -> str:
+        """The node's state as last worked out ("" for a node it does not know)."""
+        known = self._states().get(name)
+        return known.state if known is not None else ""
+
     def deleted(self, record: NodeRecord, state: str = "") -> None:
         """``record``'s node is gone from the store (deleted, or reset and forgotten)."""
         before = self._states().pop(record.name, None)
@@ -311,6 +316,11 @@ class WatchedStore:
     async def update_node(self, name: str, **fields: Any) -> None:
         await self._inner.update_node(name, **fields)
         if _STATE_FIELDS.intersection(fields):
+            self._watch.check(name)
+
+    async def patch_node_hardware(self, name: str, changes: Mapping[str, Any]) -> None:
+        await self._inner.patch_node_hardware(name, changes)
+        if "quarantine" in changes:
             self._watch.check(name)
 
     async def set_node_plan(self, name: str, plan: Plan) -> None:

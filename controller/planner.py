@@ -21,7 +21,16 @@ from tether.nodeagent.model import AgentTarget, HostFacts, Plan
 SPECS_PER_ENVIRONMENT = 4  # parsed generations kept per environment (a rollout needs two)
 
 # Facts that change without changing what a node needs (render never sees them).
-_VOLATILE = {"hostname": "", "boot_id": "", "machine_id": "", "addresses": (), "gpus": ()}
+_VOLATILE = {
+    "hostname": "",
+    "boot_id": "",
+    "machine_id": "",
+    "addresses": (),
+    "gpus": (),
+    "cpu_count": 0,
+    "memory_total_bytes": 0,
+    "pci_gpus": (),
+}
 
 
 def stable_facts(facts: HostFacts) -> HostFacts:

@@ -86,6 +86,7 @@ class Resets:
         app = self.app
         await app.cluster.forget_node(node.environment, node.name)
         await app.store.delete_node(node.name)
+        app.progress.forget(node.name)
         await app.store.kv_delete(_RESET + node.name)
         timer = self._timers.pop(node.name, None)
         if timer is not None:

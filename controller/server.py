@@ -27,6 +27,8 @@ from tether.controller.cluster.orchestrator import Orchestrator
 from tether.controller.config import ControllerConfig
 from tether.controller.errors import ControllerError
 from tether.controller.guard import Guard, enroll_bucket
+from tether.controller.hardware.drift import DriftWatch
+from tether.controller.hardware.gate import HardwareGate
 from tether.controller.hub import Hub
 from tether.controller.listen import WILDCARDS, ListenError, preflight
 from tether.controller.nodewatch import NodeWatch
@@ -34,7 +36,8 @@ from tether.controller.planner import Planner
 from tether.controller.rollout import RolloutDriver
 from tether.controller.secretbox import SecretBox
 from tether.controller.spec import load_document
-from tether.controller.store import SqliteStore
+from tether.controller.spec.model import EnvironmentSpec
+from tether.controller.store import NodeRecord, SqliteStore
 from tether.controller.transport import server_options
 from tether.nodeagent import anonymous, logs, systemd
 from tether.nodeagent.facts import local_addresses
@@ -168,6 +171,8 @@ class Controller:
             bundles=bundles,
             watch=watch,
         )
+        app.hardware = HardwareGate(app.store, hub, cluster, spec_of=lambda node: _node_spec(app, node))
+        app.drift = DriftWatch(app.store, hub, planner.spec, state=watch.state, cordoner=cluster)
         health_servicer = _add_services(server, app)
         await watch.start()
         await _parse_stored_specs(app)
@@ -176,6 +181,7 @@ class Controller:
             self.metrics = metrics.MetricsListener(config.metrics_listen, store.path)
         await server.start()
         app.rollouts.run()  # resumes the rollouts the store holds
+        app.progress.run(app.hub, app.store.get_node)  # flags stragglers (not revoked nodes)
         for name in ("", *wire.SERVICE_NAMES):
             await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
         if self.metrics is not None:
@@ -210,7 +216,8 @@ class Controller:
         name = socket.gethostname() or "admin"
         key_pem, issued = ca.issue_admin(name, "admin")
         AdminRegistry(self.config.data_dir / "pki").record(name, "admin", issued)
-        AdminConfig(address, ca.ca_hash, ca.cert_pem, issued.cert_pem, key_pem).write(path)
+        # Its name is the certificate's: the audit log and events name the admin by it.
+        AdminConfig(address, ca.ca_hash, ca.cert_pem, issued.cert_pem, key_pem, name=name).write(path)
         log.info("admin credentials written", path=str(path))
 
     async def stop(self, grace: float = 5.0) -> None:
@@ -218,6 +225,7 @@ class Controller:
             self.metrics.probes.serving = False  # /readyz fails while the calls drain
         if self.app is not None:
             await self.app.rollouts.stop()
+            await self.app.progress.stop()
         if self.server is not None:
             await self.server.stop(grace)
         if self.metrics is not None:
@@ -228,6 +236,13 @@ class Controller:
     async def wait(self) -> None:
         assert self.server is not None
         await self.server.wait_for_termination()
+
+
+def _node_spec(app: App, node: NodeRecord) -> EnvironmentSpec | None:
+    """The spec of the generation the node's plan comes from (the current one if that is gone)."""
+    env = app.planner.revision(node.environment, node.plan_generation)
+    env = env or app.store.get_environment(node.environment)
+    return app.planner.spec(env).spec if env is not None else None
 
 
 async def _parse_stored_specs(app: App) -> None:

@@ -7,6 +7,7 @@ health) come from ``tether.nodeagent.wire``.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from tether.controller import tokens
 from tether.controller.cluster.health import Report
@@ -110,6 +111,8 @@ def node_to_pb(
     steps: Sequence[admin_pb2.StepStatus] = (),
     health: Health | None = None,
     facts: HostFacts | None = None,
+    eta_ms: int = 0,
+    straggler: bool = False,
 ) -> admin_pb2.Node:
     msg = admin_pb2.Node(
         name=node.name,
@@ -126,12 +129,44 @@ def node_to_pb(
         stored_seq=node.stored_seq,
         cert_fingerprint=node.cert_fingerprint,
         agent_rolled_back_from=node.agent_rolled_back_from,
+        conditions=node_conditions_to_pb(node.hardware),
+        eta_ms=eta_ms,
+        straggler=straggler,
     )
+    quarantine = node.hardware.get("quarantine")
+    if quarantine:
+        msg.quarantine.CopyFrom(quarantine_to_pb(quarantine))
     if facts is not None:
         msg.facts.CopyFrom(facts_to_pb(facts))
     if health is not None:
         msg.health.CopyFrom(health_to_pb(health))
     return msg
+
+
+def quarantine_to_pb(q: Mapping[str, Any]) -> admin_pb2.Quarantine:
+    """``NodeRecord.hardware["quarantine"]`` (``tether.controller.hardware``) as a message."""
+    return admin_pb2.Quarantine(
+        stage=str(q.get("stage", "")),
+        problems=[str(p) for p in q.get("problems", ())],
+        expected={str(k): str(v) for k, v in q.get("expected", {}).items()},
+        found={str(k): str(v) for k, v in q.get("found", {}).items()},
+        since_ms=int(q.get("since_ms", 0)),
+    )
+
+
+def node_conditions_to_pb(hardware: Mapping[str, Any]) -> list[admin_pb2.NodeCondition]:
+    """The hardware conditions that hold (``NodeRecord.hardware["conditions"]``: type -> {reason,
+    message, since_ms}), by type."""
+    conditions = hardware.get("conditions", {})
+    return [
+        admin_pb2.NodeCondition(
+            type=str(kind),
+            reason=str(c.get("reason", "")),
+            message=str(c.get("message", "")),
+            since_ms=int(c.get("since_ms", 0)),
+        )
+        for kind, c in sorted(conditions.items())
+    ]
 
 
 def cluster_health_to_pb(report: Report) -> admin_pb2.ClusterHealth:
@@ -158,6 +193,12 @@ def cluster_health_to_pb(report: Report) -> admin_pb2.ClusterHealth:
                 kubelet=n.kubelet,
                 runtime=n.runtime,
                 joined=n.joined,
+                conditions=[
+                    admin_pb2.NodeCondition(
+                        type=c.type, reason=c.reason, message=c.message, since_ms=c.since_ms
+                    )
+                    for c in n.conditions
+                ],
             )
             for n in report.nodes
         ],

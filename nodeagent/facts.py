@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import shutil
 import socket
 import subprocess
-import re
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -90,14 +90,33 @@ def _pci_ids() -> Path:
 
 
 def nvidia_device_names(path: Path) -> dict[str, str]:
-    """``{"0x2335": "GH100 [H200 SXM 141GB]", ...}``: NVIDIA's devices in a pci.ids file."""
+    """``{"0x2335": "GH100 [H200 SXM 141GB]", ...}``: NVIDIA's devices in a pci.ids file (read
+    once per file version: health reports ask on every heartbeat)."""
+    try:
+        stamp = path.stat().st_mtime_ns
+    except OSError:
+        return {}
+    cached = _NAMES.get(path)
+    if cached is not None and cached[0] == stamp:
+        return cached[1]
+    names = _read_device_names(path)
+    _NAMES[path] = (stamp, names)
+    return names
+
+
+_NAMES: dict[Path, tuple[int, dict[str, str]]] = {}
+
+
+def _read_device_names(path: Path) -> dict[str, str]:
     names: dict[str, str] = {}
     try:
         with path.open(encoding="utf-8", errors="replace") as f:
             inside = False
             for line in f:
+                if not line.strip() or line.startswith("#"):
+                    continue  # comments and blank lines sit anywhere, inside a vendor's block too
                 if not line.startswith("\t"):
-                    if inside and line[:1] not in ("#", "\n"):
+                    if inside:
                         break  # the next vendor
                     inside = line.startswith(NVIDIA_PCI_VENDOR[2:] + "  ")
                 elif inside and not line.startswith("\t\t"):
@@ -158,22 +177,43 @@ def _bus_key(address: str) -> str:
     return ":".join(parts)
 
 
+class XidLog:
+    """Xid errors the kernel logged since boot, per GPU: the journal's ``kernel`` lines read once,
+    then only what came after the last cursor (a heartbeat reads a few new lines, not the boot's)."""
+
+    def __init__(self) -> None:
+        self.boot = ""
+        self.cursor = ""
+        self.counts: dict[str, int] = {}
+
+    def read(self, timeout: float = 10.0) -> dict[str, int]:
+        exe = shutil.which("journalctl")
+        if exe is None:
+            return {}
+        if self.boot != boot_id():  # a new boot (or the first read): from its start
+            self.boot, self.cursor, self.counts = boot_id(), "", {}
+        argv = [exe, "-b", "-t", "kernel", "-o", "cat", "--no-pager", "--show-cursor"]
+        if self.cursor:
+            argv += ["--after-cursor", self.cursor]
+        try:
+            out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+        except (OSError, subprocess.TimeoutExpired):
+            return dict(self.counts)
+        text = out.stdout
+        head, sep, tail = text.rpartition("-- cursor: ")
+        if sep:
+            self.cursor, text = tail.strip(), head
+        for key, n in parse_xids(text).items():
+            self.counts[key] = self.counts.get(key, 0) + n
+        return dict(self.counts)
+
+
+XIDS = XidLog()
+
+
 def kernel_xids(timeout: float = 10.0) -> dict[str, int]:
     """Xid lines the kernel logged since boot (the journal's ``kernel`` identifier), best effort."""
-    exe = shutil.which("journalctl")
-    if exe is None:
-        return {}
-    try:
-        out = subprocess.run(
-            [exe, "-b", "-t", "kernel", "-o", "cat", "--no-pager", "--grep", "NVRM: Xid"],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return {}
-    return parse_xids(out.stdout)
+    return XIDS.read(timeout)
 
 
 def query_gpus(timeout: float = 10.0, errors: bool = False) -> list[Gpu]:

@@ -458,6 +458,9 @@ class Agent:
     async def _writer(self, call: grpc.aio.StreamStreamCall, stored_seq: int) -> None:  # type: ignore[type-arg]
         last_sent = stored_seq
         sent_secrets: set[int] = set()  # serials written on this stream
+        if self._gate_digests:  # asked again on a new stream, with what the node has now
+            now = await asyncio.to_thread(facts.collect_facts, self.config.controller)
+            self._gate_facts.update((name, now) for name in self._gate_facts)
         for name, (digest, attempt) in list(self._gate_digests.items()):  # acks may change them meanwhile
             await call.write(wire.pb.AgentMessage(gate=self._gate_request(name, digest, attempt)))
         while True:

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from pathlib import Path
 from typing import Any
+
+import yaml
 
 from tether.controller import wire
 from tether.controller.cli.client import CliError, Session
 from tether.controller.cli.output import colour, emit, shape, table
+from tether.controller.spec import checks
 
 
 def add_parser(sub: Any) -> None:
@@ -20,8 +25,18 @@ def add_parser(sub: Any) -> None:
     k = cluster.add_parser("kubeconfig", help="print the cluster's admin kubeconfig (it holds credentials)")
     k.add_argument("--env", dest="environment", required=True)
     k.add_argument(
-        "--server", default="", help="API address to write into it (default: the cluster endpoint)"
+        "--server",
+        default="",
+        help="API address to write into it (default: K8sEndpointHost with kubernetes.remoteAccess, "
+        "else the cluster endpoint)",
     )
+    k.add_argument(
+        "--file",
+        default="",
+        help="write it to this file, mode 0600 ('-': print it; default: the spec's kubernetes.kubeConfig, "
+        "relative to the working directory, else print it)",
+    )
+    k.add_argument("--overwrite", action="store_true", help="replace a file that is already there")
     k.set_defaults(func=kubeconfig)
     x = cluster.add_parser(
         "expire-join-material", help="make the next join fetch fresh kubeadm join material"
@@ -56,13 +71,32 @@ def health(args: argparse.Namespace) -> int:
         ],
         ("NODE", "ROLE", "STATUS", "VERSION", "INTERNAL-IP", "AGENT", "KUBELET"),
     )
+    drifted = [(n.name, c) for n in h.nodes for c in n.conditions]
+    if drifted:
+        print("GPU conditions:")
+        for name, c in drifted:
+            print(f"  {name}: {c.type} ({c.reason}): {c.message}")
     return 0
 
 
 def kubeconfig(args: argparse.Namespace) -> int:
-    reply = Session(args).call(
+    session = Session(args)
+    reply = session.call(
         "GetKubeconfig", wire.admin.GetKubeconfigRequest(environment=args.environment, server=args.server)
     )
+    target, origin = args.file, "--file"
+    if not target:
+        env = session.call("GetEnvironment", wire.admin.GetEnvironmentRequest(name=args.environment))
+        target, origin = spec_kubeconfig_path(env.document), "spec.kubernetes.kubeConfig"
+    if target and target != "-":
+        path = Path(target)
+        what = write_private(path, reply.kubeconfig, overwrite=args.overwrite, origin=origin)
+        print(
+            f"environment/{args.environment}: kubeconfig {what} {path} ({origin}, mode 0600); "
+            "it grants cluster-admin",
+            file=sys.stderr,
+        )
+        return 0
     if sys.stdout.isatty():
         print(
             "tetherctl: this kubeconfig grants cluster-admin; redirect it to a file with mode 0600",
@@ -70,6 +104,46 @@ def kubeconfig(args: argparse.Namespace) -> int:
         )
     sys.stdout.write(reply.kubeconfig)
     return 0
+
+
+def spec_kubeconfig_path(document: str) -> str:
+    """holodeck's ``kubernetes.kubeConfig`` of an environment document ("" when it names none)."""
+    try:
+        doc = yaml.safe_load(document)
+        k8s = doc["spec"]["kubernetes"]
+        value = next((v for k, v in k8s.items() if str(k).lower() == "kubeconfig"), "")
+    except (yaml.YAMLError, KeyError, TypeError, AttributeError):
+        return ""
+    if not isinstance(value, str) or checks.check_local_path(value):
+        return ""  # refused when it was applied; never a path tether did not check
+    return value
+
+
+def write_private(path: Path, text: str, *, overwrite: bool, origin: str) -> str:
+    """Write ``text`` to ``path`` (mode 0600, parents made); an existing file with other content is
+    replaced only with ``overwrite``. Says what was done: written, replaced or unchanged."""
+    if path.is_dir():
+        raise CliError(f"{path} ({origin}) is a directory")
+    if path.exists():
+        if path.read_text(errors="replace") == text:
+            os.chmod(path, 0o600)
+            return "unchanged in"
+        if not overwrite:
+            raise CliError(
+                f"{path} ({origin}) already exists and differs: pass --overwrite to replace it, "
+                "or --file PATH / --file - to write it elsewhere"
+            )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "w") as out:
+            out.write(text)
+        replaced = path.exists()
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return "replaced in" if replaced else "written to"
 
 
 def expire(args: argparse.Namespace) -> int:

@@ -11,7 +11,7 @@ import textwrap
 from collections.abc import Iterable, Mapping
 from typing import Any, TextIO
 
-from tether.controller.cli.output import ago, colour, table, terminal_width, when
+from tether.controller.cli.output import ago, colour, rfc3339, table, terminal_width, until, when
 
 MAX_WIDTH = 120
 LABEL = 14  # "Environment:  " and its kin
@@ -29,6 +29,7 @@ def node(n: Any, out: TextIO) -> None:
         ("Environment", n.environment),
         ("Role", n.role),
         ("State", n.state + seen),
+        *_progress(n),
         ("Enrolled", when(n.enrolled_ms)),
         ("Agent", agent),
         ("OS", f"{f.os_pretty or '-'} ({f.arch or '?'}, kernel {f.kernel or '?'})"),
@@ -37,6 +38,8 @@ def node(n: Any, out: TextIO) -> None:
     for i, gpu in enumerate(_gpus(n)):
         fields.append(("GPUs" if i == 0 else "", gpu))
     fields += _health(n)
+    fields += _quarantine(n)
+    fields += _conditions(n)
     fields.append(("Plan", f"generation {n.plan_generation}, digest {n.plan_digest[:12] or '-'}"))
     for label, value in fields:
         out.write(field(label, value, width))
@@ -93,6 +96,39 @@ def _health(n: Any) -> list[tuple[str, str]]:
     if h.services:
         rows.append(("Services", kv(h.services)))
     return rows
+
+
+def _progress(n: Any) -> list[tuple[str, str]]:
+    """While provisioning: when it should be done, and whether its current step is a straggler."""
+    rows: list[tuple[str, str]] = []
+    if n.eta_ms:
+        rows.append(("ETA", f"{rfc3339(n.eta_ms)} ({until(n.eta_ms)})"))
+    if n.straggler:
+        running = next((s for s in n.steps if s.state == "running"), None)
+        what = (
+            f"{running.name} has run {ago(running.updated_ms).removesuffix(' ago')}"
+            if running
+            else "its step"
+        )
+        rows.append(("Straggler", f"yes: {what}, far longer than on the other nodes"))
+    return rows
+
+
+def _conditions(n: Any) -> list[tuple[str, str]]:
+    """The hardware conditions that hold (GPU drift): type (reason) since when: message."""
+    return [
+        ("Conditions" if i == 0 else "", f"{c.type} ({c.reason}) since {when(c.since_ms)}: {c.message}")
+        for i, c in enumerate(n.conditions)
+    ]
+
+
+def _quarantine(n: Any) -> list[tuple[str, str]]:
+    """Why the node is quarantined: the stage, then one line per mismatch (expected, found)."""
+    if not n.HasField("quarantine"):
+        return []
+    q = n.quarantine
+    head = f"{q.stage} since {when(q.since_ms)}: `tetherctl node release {n.name}` lets it go on once"
+    return [("Quarantined", head), *(("", p) for p in q.problems)]
 
 
 def kv(m: Mapping[str, str]) -> str:

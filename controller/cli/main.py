@@ -5,7 +5,7 @@
     tetherctl env validate -f ENV.yaml            (offline)
     tetherctl env render -f ENV.yaml [--role R] [--os OS] [--gpu|--no-gpu] [--out DIR]   (offline)
     tetherctl token create --env NAME --role ROLE [--ttl 15m] [--uses 1] [--print-join-command]
-    tetherctl node list [-w] | describe NAME | revoke NAME | rerun NAME [--step S]
+    tetherctl node list [-w] | describe NAME | revoke NAME | rerun NAME [--step S] | release NAME
     tetherctl node delete NAME [--force] | reset NAME [--wait]
     tetherctl env delete NAME [--force | --reset]
     tetherctl env diff -f ENV.yaml [-o json]       (exit 0: no change, 1: some node changes)
@@ -126,7 +126,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--os",
         default="ubuntu-22.04",
-        help="ubuntu-22.04, ubuntu-24.04, debian-12, rocky-9, fedora-42 or amazon-linux-2023",
+        help="ubuntu-22.04, ubuntu-24.04, ubuntu-26.04, debian-12, rocky-9, fedora-42 or amazon-linux-2023",
     )
     gpu = r.add_mutually_exclusive_group()
     gpu.add_argument(

@@ -3,6 +3,7 @@
     tetherctl node delete NAME [--force]     the record and history go (--force: a connected node)
     tetherctl node reset NAME [--wait]       leave the cluster, remove the agent, then forget it
     tetherctl node list -w [--env E] [-o json]   the list, then a line per state change (WatchNodes)
+    tetherctl node release NAME              let a quarantined node go on once (spec.hardware)
 
 ``node reset --wait`` exits 0 once the node is gone, 1 when a reset step failed (the node stays:
 ``node reset`` again retries what failed, ``node delete --force`` gives up on it), 2 on timeout.
@@ -49,6 +50,18 @@ def add_verbs(node: Any) -> None:
         "--wait-timeout", default=wait, help=f"with --wait: give up after this long (default {wait})"
     )
     r.set_defaults(func=reset)
+    rl = node.add_parser(
+        "release",
+        help="let a quarantined node go on once, although its hardware does not match spec.hardware",
+    )
+    rl.add_argument("name")
+    rl.set_defaults(func=release)
+
+
+def release(args: argparse.Namespace) -> int:
+    Session(args).call("ReleaseNode", wire.admin.ReleaseNodeRequest(name=args.name))
+    print(f"node/{args.name} released: it goes on once (its events record who released it)")
+    return 0
 
 
 def delete(args: argparse.Namespace) -> int:

@@ -45,6 +45,7 @@ STATE_STYLES = {
     "pending": "cyan",
     "paused": "cyan",
     "failed": "bold red",
+    "quarantined": "bold magenta",
     "halted": "bold red",
     "NotReady": "red",
     "revoked": "red",
@@ -213,3 +214,25 @@ def ago(ms: int) -> str:
         if seconds >= size:
             return f"{seconds // size}{unit} ago"
     return f"{seconds}s ago"
+
+
+def until(ms: int) -> str:
+    """How far ahead ``ms`` is, in its largest unit or two: ``in 45s``, ``in 3m20s``, ``in 2h5m``."""
+    seconds = max(0, round(ms / 1000 - dt.datetime.now(dt.timezone.utc).timestamp()))
+    if seconds < 60:
+        return f"in {seconds}s"
+    for unit, size, small, small_size in (("d", 86400, "h", 3600), ("h", 3600, "m", 60), ("m", 60, "s", 1)):
+        if seconds >= size:
+            rest = (seconds % size) // small_size
+            return f"in {seconds // size}{unit}{f'{rest}{small}' if rest else ''}"
+    return f"in {seconds}s"  # not reached
+
+
+def eta(ms: int) -> str:
+    """An ETA for a table: ``in 3m20s``, or ``-`` (none: not provisioning, or no history yet)."""
+    return until(ms) if ms else "-"
+
+
+def straggler(flag: bool) -> Text:
+    """The STRAGGLER cell: ``yes`` in red, or ``-``."""
+    return Text("yes", style="bold red") if flag else Text("-")

@@ -11,7 +11,7 @@ import grpc
 
 from tether.controller import wire
 from tether.controller.cli.client import CliError, Session, check_size_here, explain, read_input
-from tether.controller.cli.output import LIST_FORMATS, colour, emit, shape, table, when
+from tether.controller.cli.output import LIST_FORMATS, colour, emit, eta, shape, straggler, table, until, when
 from tether.controller.spec import SpecError, inline_local_files
 from tether.nodeagent.limits import MAX_DOCUMENT_BYTES
 
@@ -111,7 +111,8 @@ def _env_diff(args: argparse.Namespace) -> int:
 # -- rollouts ----------------------------------------------------------------------------------
 
 
-def print_rollout(r: Any) -> None:
+def print_rollout(r: Any, with_eta: bool = False) -> None:
+    """The rollout; ``with_eta`` (``rollout status``, whose call estimates): its ETA too."""
     head = f"rollout of {r.environment}: {r.state}, generation {r.from_generation} -> {r.generation}"
     if r.agent_version:
         head += f" (agent {r.agent_version})"
@@ -119,15 +120,32 @@ def print_rollout(r: Any) -> None:
     if r.reason:
         print(f"  {r.reason}")
     print(f"  updated {r.updated}, running {r.running}, pending {r.pending}, failed {r.failed}")
+    if with_eta and r.state == "progressing":
+        print(
+            f"  eta {when(r.eta_ms)} ({until(r.eta_ms)})"
+            if r.eta_ms
+            else "  eta unknown (not enough history)"
+        )
     if r.nodes:
-        rows = [(n.name, colour(n.state), n.step or "-", when(n.updated_ms), n.message) for n in r.nodes]
-        table(rows, ("NODE", "STATE", "STEP", "SINCE", "MESSAGE"), indent="  ")
+        rows = [
+            (
+                n.name,
+                colour(n.state),
+                n.step or "-",
+                when(n.updated_ms),
+                eta(n.eta_ms),
+                straggler(n.straggler),
+                n.message,
+            )
+            for n in r.nodes
+        ]
+        table(rows, ("NODE", "STATE", "STEP", "SINCE", "ETA", "STRAGGLER", "MESSAGE"), indent="  ")
 
 
 def status(args: argparse.Namespace) -> int:
     r = Session(args).call("GetRollout", wire.admin.GetRolloutRequest(environment=args.environment))
     if args.output == "table":
-        print_rollout(r)
+        print_rollout(r, with_eta=True)
     else:
         emit(shape(r), args.output)
     return 0

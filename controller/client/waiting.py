@@ -81,7 +81,8 @@ def _judge(
     client: Reader, nodes: Sequence[admin_pb2.Node], envs: Mapping[str, admin_pb2.Environment]
 ) -> Progress:
     """Done when every node is provisioned on its environment's current generation (and agent
-    version); failed at the first node that failed a step there (or is revoked); else what is left."""
+    version); failed at the first node that failed a step there (or is revoked or quarantined);
+    else what is left."""
     behind, provisioning = 0, []
     for n in nodes:
         env = envs[n.environment]
@@ -90,6 +91,9 @@ def _judge(
             return Progress(False, f"node {n.name} is revoked", len(nodes), 0, "")
         if n.state == "failed" and current:
             return Progress(False, _failed(client, n), len(nodes), 0, "")
+        if n.state == "quarantined":  # waits for an operator: nothing more happens by itself
+            why = "; ".join(n.quarantine.problems) or n.quarantine.stage
+            return Progress(False, f"node {n.name}: quarantined ({why})", len(nodes), 0, "")
         if not current or (env.agent_version and n.agent_version != env.agent_version):
             behind += 1
         elif n.state != "provisioned":

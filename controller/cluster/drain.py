@@ -10,6 +10,9 @@ which fails the gated step (so a rollout counts it failed). A task that never an
 gate once its timeout and a grace period have passed.
 
 Pending gates live in memory, like the join waiters: after a controller restart agents ask again.
+
+``cordon`` (``hardware.onDrift: cordon``, a node whose GPUs drifted) is no gate: the same kind of
+task runs ``kubectl cordon`` only, and its result goes to ``on_cordoned`` (the node's event).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ log = logs.get_logger("tether.controller.drain")
 
 ANSWER_GRACE_S = 120.0  # past the task's own timeout, its answer is given up as lost
 COMMAND_PREFIX = "drain-"
+CORDON = "cordon"  # a task of its own, no gate (GPU drift)
 TAIL_LINES = 3  # lines of the task's output quoted in that reason
 
 
@@ -63,6 +67,7 @@ class Drainer:
         others: Callable[[str, str], bool] = lambda env, node: False,
         timeout_seconds: int = DRAIN_TIMEOUT_SECONDS,
         lost_after_seconds: float = 0.0,
+        on_cordoned: Callable[[str, bool, str], None] = lambda node, ok, message: None,
     ) -> None:
         self._hub = hub
         self._live = live
@@ -73,6 +78,8 @@ class Drainer:
         # A task is given up once its own timeout (kubectl's plus a minute) and a grace period passed.
         self._lost_after = lost_after_seconds or timeout_seconds + 60 + ANSWER_GRACE_S
         self._pending: dict[str, _Pending] = {}  # node -> its open drain or uncordon gate
+        self._cordons: dict[str, _Pending] = {}  # node -> its cordon task (GPU drift)
+        self._on_cordoned = on_cordoned
 
     async def gate_requested(self, node: NodeRecord, action: str, digest: str) -> None:
         """``action`` is the gated step (checked by the caller: in the node's plan, this digest)."""
@@ -85,9 +92,22 @@ class Drainer:
         self._pending[node.name] = pending
         self._dispatch(pending)
 
+    def cordon(self, node: str, environment: str) -> str:
+        """Have a control plane run ``kubectl cordon node`` (no gate: the result goes to
+        ``on_cordoned``); says where the task went, or that it waits for a control plane."""
+        old = self._cordons.pop(node, None)
+        if old is not None and old.timer is not None:
+            old.timer.cancel()
+        pending = _Pending(node, environment, CORDON, "")
+        self._cordons[node] = pending
+        self._dispatch(pending)
+        if pending.runner:
+            return f"kubectl cordon {node} sent to {pending.runner}"
+        return f"kubectl cordon {node} waits for a joined control plane to connect to run it"
+
     def on_connect(self, environment: str) -> None:
         """A control plane connected: gates that found none to run kubectl get one now."""
-        for pending in list(self._pending.values()):
+        for pending in [*self._pending.values(), *self._cordons.values()]:
             if pending.environment == environment and not pending.runner:
                 self._dispatch(pending)
 
@@ -99,7 +119,7 @@ class Drainer:
             pending = next(
                 (
                     p
-                    for p in self._pending.values()
+                    for p in (*self._pending.values(), *self._cordons.values())
                     if p.runner == node.name and p.task == e.step and p.task_digest == e.digest
                 ),
                 None,
@@ -167,11 +187,19 @@ class Drainer:
         log.info("kubectl task sent", node=pending.node, action=pending.action, runner=runner)
 
     def _lost(self, pending: _Pending) -> None:
-        if self._pending.get(pending.node) is pending:
+        if self._pending.get(pending.node) is pending or self._cordons.get(pending.node) is pending:
             why = f"no answer from {pending.runner} to kubectl {pending.action} within {self._lost_after:g}s"
             self._finish(pending, False, why)
 
     def _finish(self, pending: _Pending, ok: bool, message: str) -> None:
+        if pending.action == CORDON:
+            if self._cordons.get(pending.node) is pending:
+                del self._cordons[pending.node]
+            if pending.timer is not None:
+                pending.timer.cancel()
+            log.info("kubectl cordon answered", node=pending.node, ok=ok, reason=message[:200])
+            self._on_cordoned(pending.node, ok, message)
+            return
         self.forget(pending.node)
         self._release(pending.node, pending.action, pending.digest, ok, message)
 

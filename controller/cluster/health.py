@@ -14,6 +14,16 @@ from tether.nodeagent.model import ClusterView, Role
 
 
 @dataclass(frozen=True)
+class NodeCondition:
+    """A hardware condition that holds on a node (``tether.controller.hardware.drift``)."""
+
+    type: str  # GPUsMissing | GPUErrors | DriverMismatch
+    reason: str
+    message: str
+    since_ms: int = 0
+
+
+@dataclass(frozen=True)
 class Member:
     """A tether node of the environment."""
 
@@ -24,6 +34,7 @@ class Member:
     kubelet: str = ""
     runtime: str = ""
     failure: str = ""  # "step: message" of a failed step
+    conditions: tuple[NodeCondition, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -37,6 +48,7 @@ class NodeHealth:
     kubelet: str
     runtime: str
     joined: bool
+    conditions: tuple[NodeCondition, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -86,6 +98,7 @@ def assess(
                 kubelet=m.kubelet,
                 runtime=m.runtime,
                 joined=m.joined,
+                conditions=m.conditions,
             )
         )
     ready_cp = sum(1 for n in nodes if n.ready and n.role == Role.CONTROL_PLANE.value)
@@ -108,6 +121,12 @@ def assess(
         degraded_reasons.append("the API server is unreachable")
     if not_ready and api == "running":
         degraded_reasons.append("not Ready: " + ", ".join(n.name for n in not_ready))
+    drifted = [m for m in members if m.conditions]
+    if drifted:
+        degraded_reasons.append(
+            "GPU conditions: "
+            + ", ".join(f"{m.name} ({', '.join(c.type for c in m.conditions)})" for m in drifted)
+        )
 
     progress = []
     if waiting:

@@ -74,6 +74,7 @@ case $ACTION in
     kubectl drain "$NODE" --ignore-daemonsets --delete-emptydir-data --timeout="${DRAIN_TIMEOUT}s"
     ;;
   uncordon) kubectl uncordon "$NODE" ;;
+  cordon) kubectl cordon "$NODE" ;;
   delete-node) kubectl delete node "$NODE" ;;
 esac
 echo "node $NODE: $ACTION done"
@@ -114,13 +115,14 @@ _WHAT = {
     "drain": "drain a node around its disruptive steps",
     "uncordon": "uncordon a node after its disruptive steps",
     "delete-node": "delete a node that left the cluster (kubeadm reset ran on it)",
+    "cordon": "cordon a node whose GPUs drifted (hardware.onDrift: cordon)",
 }
 
 
 def drain_task(node: str, *, action: str, nonce: str, timeout_seconds: int) -> Step:
-    """``kubectl cordon`` and ``drain`` (action "drain"), ``uncordon``, or ``delete node`` (action
-    "delete-node", a reset) a node, run on a control plane. ``nonce`` makes each task's digest its
-    own, so its events answer this task only."""
+    """``kubectl cordon`` and ``drain`` (action "drain"), ``uncordon``, ``delete node`` (action
+    "delete-node", a reset) or ``cordon`` only (GPU drift) a node, run on a control plane.
+    ``nonce`` makes each task's digest its own, so its events answer this task only."""
     if action not in _WHAT:
         raise ValueError(f"unknown action {action!r}")
     script = _PREAMBLE.format(what=_WHAT[action]) + _DRAIN

@@ -272,21 +272,30 @@ class RolloutDriver:
         steps = self._store.node_steps(node.name)
         state = node_state(node, steps, self._hub.connected(node.name)).value
         failed = failing_step(steps)
+        step, message = (failed.name, failure_text(failed)) if failed else ("", "")
+        quarantine = node.hardware.get("quarantine")
+        if quarantine:  # its hardware does not match the new generation's spec.hardware: a failure
+            state, step = "failed", str(quarantine.get("step", ""))
+            message = "quarantined: " + "; ".join(str(p) for p in quarantine.get("problems", ()))
         return Observed(
             generation=node.plan_generation,
             state=state,
-            failed_step=failed.name if failed else "",
-            failed_message=failure_text(failed) if failed else "",
+            failed_step=step,
+            failed_message=message,
             agent_ok=not r.agent_version or node.agent_version == r.agent_version,
             rolled_back=bool(r.agent_version) and node.agent_rolled_back_from == r.agent_version,
         )
 
     def _planes_healthy(self, environment: str) -> bool:
-        """Every control plane of the cluster is ready and provisioned (True without a cluster)."""
+        """Every control plane of the cluster is ready and provisioned (True without a cluster, and
+        with one control plane: there is no other to keep serving, and a failed one must be able to
+        get the generation that fixes it, e.g. a single-node kubeadm environment)."""
         if self._cluster.cluster_spec(environment) is None:
             return True
         report = self._cluster.health(environment)
         planes = [n for n in report.nodes if n.role == Role.CONTROL_PLANE.value]
+        if len(planes) == 1:
+            return True
         return bool(planes) and all(n.ready and n.agent_state == "provisioned" for n in planes)
 
 

@@ -26,6 +26,17 @@ def _text(value: str) -> str:
     return ""
 
 
+def _quoted(sec: Section, name: str) -> str:
+    """A text field that YAML must not read as a number: ``driverVersion: 570.`` is the float
+    570.0, whose text "570.0" no driver version starts with."""
+    raw = sec.raw(name)
+    if raw is not None and not isinstance(raw, str):
+        sec.problems.add(sec.path_of(name), f'must be a string: quote it, e.g. "{raw}"')
+        sec.string(name)  # seen: not also an unknown field
+        return ""
+    return sec.string(name, check=_text).strip()
+
+
 def _minimum(parent: Section, name: str, high: int) -> int:
     sec = parent.section(name)
     if sec is None:
@@ -48,9 +59,9 @@ def _gpus(parent: Section) -> GpuExpectation | None:
     if not sec.has("count"):
         sec.problems.add(sec.path_of("count"), "required: exactly how many NVIDIA GPUs a node has")
     count = sec.integer("count", 0, low=0, high=MAX_GPUS)
-    product = sec.string("product", check=_text).strip()
+    product = _quoted(sec, "product")
     memory = sec.integer("memoryMiB", 0, low=1, high=MAX_GPU_MEMORY_MIB)
-    driver = sec.string("driverVersion", check=_text).strip()
+    driver = _quoted(sec, "driverVersion")
     diagnostics = sec.string("diagnostics").strip()
     if diagnostics and diagnostics not in DIAGNOSTICS:
         sec.problems.add(sec.path_of("diagnostics"), f"must be short or long (got {diagnostics[:20]!r})")

@@ -569,6 +569,27 @@ class SqliteStore:
 
         await self._write(fn)
 
+    async def patch_node_hardware(self, name: str, changes: Mapping[str, Any]) -> None:
+        """Set keys of the node's ``hardware`` record (None removes one) in one write: the gate
+        (quarantine, released) and the drift watch (conditions) never overwrite each other."""
+        patch = dict(changes)
+
+        def fn(conn: sqlite3.Connection) -> None:
+            row = conn.execute("SELECT hardware FROM nodes WHERE name=?", (name,)).fetchone()
+            if row is None:
+                return
+            hardware = json.loads(row[0])
+            for key, value in patch.items():
+                if value is None:
+                    hardware.pop(key, None)
+                else:
+                    hardware[key] = value
+            conn.execute(
+                "UPDATE nodes SET hardware=? WHERE name=?", (json.dumps(hardware, sort_keys=True), name)
+            )
+
+        await self._write(fn)
+
     async def set_node_plan(self, name: str, plan: Plan) -> None:
         def fn(conn: sqlite3.Connection) -> None:
             old = {
@@ -808,7 +829,9 @@ def _migrate_to_3(conn: sqlite3.Connection) -> None:
 
 def _migrate_to_5(conn: sqlite3.Connection) -> None:
     """Schema 4 -> 5: a node keeps its hardware verdict (quarantine, releases, conditions)."""
-    conn.execute("ALTER TABLE nodes ADD COLUMN hardware TEXT NOT NULL DEFAULT '{}'")
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(nodes)")}
+    if "hardware" not in columns:
+        conn.execute("ALTER TABLE nodes ADD COLUMN hardware TEXT NOT NULL DEFAULT '{}'")
 
 
 def _prune_revisions(conn: sqlite3.Connection, name: str) -> None:

@@ -212,8 +212,18 @@ def test_version_of_client_and_controller(controller: Controller, tmp_path: Path
 def test_wide_lists_and_describe_in_120_columns(controller: Controller, provisioned: Agent) -> None:
     plain = controller.ctl("node", "list").stdout.splitlines()
     wide = controller.ctl("node", "list", "-o", "wide").stdout.splitlines()
-    assert plain[0].split() == ["NAME", "ENVIRONMENT", "ROLE", "STATE", "OS", "AGENT", "SEEN"]
-    assert wide[0].split()[7:] == ["GENERATION", "ARCH", "KERNEL", "GPUS", "ADDRESSES", "ENROLLED"]
+    assert plain[0].split() == [
+        "NAME",
+        "ENVIRONMENT",
+        "ROLE",
+        "STATE",
+        "OS",
+        "AGENT",
+        "SEEN",
+        "ETA",
+        "STRAGGLER",
+    ]
+    assert wide[0].split()[9:] == ["GENERATION", "ARCH", "KERNEL", "GPUS", "ADDRESSES", "ENROLLED"]
     assert "\x1b[" not in "".join(wide)  # off a terminal: no colour codes
     assert controller.ctl("env", "list", "-o", "wide").stdout.split()[6:8] == ["CREATED", "AGENT"]
     described = controller.ctl("node", "describe", "n1").stdout

@@ -67,22 +67,25 @@ KIND = {
 
 
 async def fleet(store: SqliteStore) -> tuple[set[str], set[str]]:
-    """Nodes for every (revoked, connected, steps) case; returns (connected, revoked) names."""
+    """Nodes for every (revoked, quarantined, connected, steps) case; returns (connected, revoked)."""
     connected, revoked = set(), set()
     i = 0
     for gone in (False, True):
-        for online in (False, True):
-            for case in STEP_CASES:
-                i += 1
-                name = f"n{i}"
-                await enroll(store, name)
-                if case is not None:
-                    await _give_plan(store, name, case)
-                if gone:
-                    await store.update_node(name, revoked=True)
-                    revoked.add(name)
-                if online:
-                    connected.add(name)
+        for held in (False, True):
+            for online in (False, True):
+                for case in STEP_CASES:
+                    i += 1
+                    name = f"n{i}"
+                    await enroll(store, name)
+                    if case is not None:
+                        await _give_plan(store, name, case)
+                    if gone:
+                        await store.update_node(name, revoked=True)
+                        revoked.add(name)
+                    if held:  # the hardware gate's verdict (tether.controller.hardware)
+                        await store.update_node(name, hardware={"quarantine": {"stage": "before-steps"}})
+                    if online:
+                        connected.add(name)
     return connected, revoked
 
 
@@ -162,7 +165,8 @@ async def test_fleet_gauges(store: SqliteStore) -> None:
     assert got[("tether_agents_connected", ())] == len(connected)
     provisioned = got[("tether_nodes", (("environment", "e"), ("state", "provisioned")))]
     assert provisioned == 3  # connected, not revoked: no steps, all done, failed but continue-on-error
-    assert got[("tether_nodes", (("environment", "e"), ("state", "revoked")))] == 16
+    assert got[("tether_nodes", (("environment", "e"), ("state", "revoked")))] == 32
+    assert got[("tether_nodes", (("environment", "e"), ("state", "quarantined")))] == 16  # not revoked
     assert got[("tether_nodes", (("environment", "empty"), ("state", "provisioned")))] == 0  # still a series
     assert got[("tether_rollout_state", (("environment", "e"), ("state", "paused")))] == 1
     assert got[("tether_rollout_state", (("environment", "e"), ("state", "progressing")))] == 0
@@ -170,6 +174,30 @@ async def test_fleet_gauges(store: SqliteStore) -> None:
     assert got[("tether_rollout_nodes", (("environment", "e"), ("stage", "updated")))] == 1
     assert got[("tether_rollout_nodes", (("environment", "e"), ("stage", "failed")))] == 0
     assert not any(("node", n) in labels for (_, labels) in got for n in connected)  # no per-node label
+    collector.close()
+
+
+async def test_gpu_conditions_are_counted_by_environment_and_type(store: SqliteStore) -> None:
+    app, _ = await app_with_fleet(store)
+    held = {"reason": "FellOffTheBus", "message": "m", "since_ms": 1}
+    await store.update_node("n1", hardware={"conditions": {"GPUsMissing": held, "GPUErrors": held}})
+    await store.update_node(
+        "n2", hardware={"quarantine": {"stage": "x"}, "conditions": {"GPUsMissing": held}}
+    )
+    await store.update_node("n3", hardware={"conditions": {"GPUErrors": held}}, revoked=True)  # not counted
+    collector = metrics.FleetCollector(app, direct, store.path, min_seconds=0)  # type: ignore[arg-type]
+    got = {k: v for k, v in families(collector).items() if k[0] == "tether_node_conditions"}
+    assert got == {
+        ("tether_node_conditions", (("environment", env), ("type", kind))): count
+        for env, kind, count in (
+            ("e", "GPUsMissing", 2),
+            ("e", "GPUErrors", 1),
+            ("e", "DriverMismatch", 0),
+            ("empty", "GPUsMissing", 0),
+            ("empty", "GPUErrors", 0),
+            ("empty", "DriverMismatch", 0),
+        )
+    }
     collector.close()
 
 
@@ -301,7 +329,7 @@ async def test_metrics_endpoint(listening: tuple[metrics.MetricsListener, socket
     status, kind, body = await asyncio.to_thread(get, f"http://{listener.address}/metrics")
     assert status == 200 and kind.startswith("text/plain")
     for name in (
-        "tether_agents_connected 16.0",
+        "tether_agents_connected 32.0",
         'tether_nodes{environment="e",state="offline"} 8.0',
         'tether_enrollments_total{result="enrolled"}',
         "tether_events_stored_total",
@@ -373,6 +401,7 @@ def exported_names() -> set[str]:
     suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum"), "gauge": ("",)}
     names = {f"{fam.name}{x}" for fam in metrics.REGISTRY.collect() for x in suffixes.get(fam.type, ("",))}
     names |= {"tether_agents_connected", "tether_nodes", "tether_nodes_scan_duration_seconds"}
+    names |= {"tether_node_conditions"}
     names |= {"tether_rollout_state", "tether_rollout_generation", "tether_rollout_nodes"}
     names |= {line.split()[2] for line in render(AgentFigures("1")).splitlines() if line.startswith("# TYPE")}
     return names

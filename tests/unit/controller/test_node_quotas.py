@@ -19,6 +19,7 @@ from tether.controller.ca import CertificateAuthority
 from tether.controller.errors import InvalidArgument, ResourceExhausted, StoreError
 from tether.controller.hub import Hub, Session
 from tether.controller.limits import NODE_CONNECTS_PER_MINUTE, NODE_RENEWALS_PER_HOUR, TokenBucket
+from tether.controller.progress import Progress
 from tether.controller.store import NodeRecord, SqliteStore
 from tether.controller.tokens import TokenRecord
 from tether.nodeagent.identity import generate_key, make_csr
@@ -49,6 +50,8 @@ async def service(tmp_path: Path) -> AsyncIterator[tuple[AgentService, SqliteSto
         redactor=Redactor(),
         cluster=NoCluster(),
         rollouts=SimpleNamespace(poke=lambda environment: None, generation_for=lambda node: 0),
+        progress=Progress(),
+        hardware=None,
         auth=NodeAuth(),
         ca=CertificateAuthority.load_or_create(tmp_path / "pki"),
         config=SimpleNamespace(node_cert_days=1.0, node_output_bytes_per_second=64 * 1024),
