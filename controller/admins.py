@@ -54,14 +54,12 @@ def _now() -> str:
 
 def parse_environments(text: str) -> list[str]:
     """``gpu-lab,staging`` as a sorted list of environment names (each checked); "" -> []."""
-    from tether.controller.spec.load import NAME_RE  # the one rule for an environment's name
+    from tether.controller.spec.names import HOLODECK_NAME_RULE, is_environment_name  # the rules
 
     names = sorted({n.strip() for n in text.split(",") if n.strip()})
-    bad = [n for n in names if not NAME_RE.fullmatch(n)]
+    bad = [n for n in names if not is_environment_name(n)]
     if bad:
-        raise InvalidArgument(
-            f"{bad[0]!r} is not an environment name (lowercase letters, digits and '-', at most 63)"
-        )
+        raise InvalidArgument(f"{bad[0]!r} is not an environment name ({HOLODECK_NAME_RULE})")
     return names
 
 

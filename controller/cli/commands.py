@@ -13,13 +13,13 @@ import grpc
 from tether.controller import paging, tokens, wire
 from tether.controller.cli import describe, node_cmd, rollout_cmd
 from tether.controller.cli.client import CliError, Session, check_size_here, explain, read_input
-from tether.controller.cli.output import ago, colour, emit, shape, shape_times, table, when
+from tether.controller.cli.output import ago, colour, emit, eta, shape, shape_times, straggler, table, when
 from tether.controller.cli.waiting import UntilDone
 from tether.controller.client.errors import AbortedError, ApiError, InvalidArgumentError
 from tether.controller.cluster.context import preview_context
 from tether.controller.render import NodeContext, render
 from tether.controller.render.targets import facts_for
-from tether.controller.spec import SpecError, inline_local_files, load_document
+from tether.controller.spec import SpecError, inline_local_files, load_document, names
 from tether.nodeagent.model import Event, Plan
 
 # -- environments ------------------------------------------------------------------------------
@@ -31,12 +31,15 @@ def env_apply(args: argparse.Namespace) -> int:
     if args.expect_generation < 0:
         raise CliError("--expect-generation: a generation is 1 or more (0: no check)")
     base_dir = Path.cwd() if args.file == "-" else Path(args.file).parent
+    local_notes: list[str] = []  # which local files were read, from where
     try:
-        document = inline_local_files(read_input(args.file), base_dir)
+        document = inline_local_files(read_input(args.file), base_dir, notes=local_notes)
     except SpecError as exc:
         for problem in exc.problems:
             print(problem, file=sys.stderr)
         return 1
+    for note in local_notes:
+        print(f"note: {note}", file=sys.stderr)
     check_size_here(document, args)
     s = Session(args)
     try:
@@ -54,14 +57,26 @@ def env_apply(args: argparse.Namespace) -> int:
     env = reply.environment
     for note in reply.notes:
         print(f"note: {note}", file=sys.stderr)
+    shown = _with_dns_name(env.name)
     if args.dry_run:
         rollout_cmd.print_diff(rollout_cmd.request_diff(args, document), "text")
-        print(f"environment/{env.name} valid (dry run, nothing stored)")
+        print(f"environment/{shown} valid (dry run, nothing stored)")
     elif reply.changed:
-        print(f"environment/{env.name} applied (generation {env.generation})")
+        print(f"environment/{shown} applied (generation {env.generation})")
     else:
-        print(f"environment/{env.name} unchanged (generation {env.generation})")
+        print(f"environment/{shown} unchanged (generation {env.generation})")
     return 0
+
+
+def _with_dns_name(name: str) -> str:
+    """``aws_kubeadm_example (DNS name aws-kubeadm-example)``; a DNS label as it is."""
+    dns = names.dns_name(name)
+    return name if dns == name else f"{name} (DNS name {dns})"
+
+
+def _shape_env(env: Any) -> dict[str, Any]:
+    """An environment for -o json/yaml, with ``dns_name``: its name where a DNS label is needed."""
+    return {**shape(env), "dns_name": names.dns_name(env.name)}
 
 
 def env_get(args: argparse.Namespace) -> int:
@@ -70,8 +85,10 @@ def env_get(args: argparse.Namespace) -> int:
     env = Session(args).call("GetEnvironment", wire.admin.GetEnvironmentRequest(name=args.name))
     if args.output == "yaml":
         sys.stdout.write(env.document)
+        if names.dns_name(env.name) != env.name:
+            print(f"note: environment {_with_dns_name(env.name)}", file=sys.stderr)
     else:
-        emit(shape(env), args.output)
+        emit(_shape_env(env), args.output)
     return 0
 
 
@@ -79,11 +96,13 @@ def env_list(args: argparse.Namespace) -> int:
     s = Session(args)
     envs = s.collect(s.client.iter_environments(page_size=paging.MAX_PAGE_SIZE))
     if args.output not in ("table", "wide"):
-        data = [{k: v for k, v in shape(e).items() if k != "document"} for e in envs]
+        data = [{k: v for k, v in _shape_env(e).items() if k != "document"} for e in envs]
         emit(data, args.output)
         return 0
     headers = ["NAME", "GENERATION", "NODES", "API VERSION", "UPDATED"]
-    rows = [[e.name, e.generation, e.node_count, e.api_version, when(e.updated_ms)] for e in envs]
+    rows = [
+        [_with_dns_name(e.name), e.generation, e.node_count, e.api_version, when(e.updated_ms)] for e in envs
+    ]
     if args.output == "wide":
         headers += ["CREATED", "AGENT VERSION"]
         for row, e in zip(rows, envs, strict=True):
@@ -111,15 +130,16 @@ def env_delete(args: argparse.Namespace) -> int:
 
 def env_validate(args: argparse.Namespace) -> int:
     base_dir = Path.cwd() if args.file == "-" else Path(args.file).parent
+    local_notes: list[str] = []
     try:
-        document = inline_local_files(read_input(args.file), base_dir)
+        document = inline_local_files(read_input(args.file), base_dir, notes=local_notes)
         check_size_here(document, args)
         loaded = load_document(document)
     except SpecError as exc:
         for problem in exc.problems:
             print(problem)
         return 1
-    for note in loaded.notes:
+    for note in [*local_notes, *loaded.notes]:
         print(f"note: {note}", file=sys.stderr)
     print("valid")
     return 0
@@ -127,12 +147,15 @@ def env_validate(args: argparse.Namespace) -> int:
 
 def env_render(args: argparse.Namespace) -> int:
     base_dir = Path.cwd() if args.file == "-" else Path(args.file).parent
+    local_notes: list[str] = []
     try:
-        loaded = load_document(inline_local_files(read_input(args.file), base_dir))
+        loaded = load_document(inline_local_files(read_input(args.file), base_dir, notes=local_notes))
     except SpecError as exc:
         for problem in exc.problems:
             print(problem, file=sys.stderr)
         return 1
+    for note in [*local_notes, *loaded.notes]:
+        print(f"note: {note}", file=sys.stderr)
     try:
         facts = facts_for(args.os, gpu=args.gpu, arch=args.arch)
         cluster = preview_context(loaded.spec, getattr(args, "cluster_position", ""))
@@ -253,13 +276,14 @@ def node_list(args: argparse.Namespace) -> int:
     if args.output not in ("table", "wide"):
         emit([shape(n) for n in nodes], args.output)
         return 0
-    headers = ["NAME", "ENVIRONMENT", "ROLE", "STATE", "OS", "AGENT", "SEEN"]
+    headers = ["NAME", "ENVIRONMENT", "ROLE", "STATE", "OS", "AGENT", "SEEN", "ETA", "STRAGGLER"]
     if args.output == "wide":
         headers += ["GENERATION", "ARCH", "KERNEL", "GPUS", "ADDRESSES", "ENROLLED"]
     rows = []
     for n in nodes:
         row = [n.name, n.environment, n.role, colour(n.state), n.facts.os_pretty or "-"]
         row += [n.agent_version or "-", "now" if n.connected else ago(n.last_seen_ms)]
+        row += [eta(n.eta_ms), straggler(n.straggler)]
         if args.output == "wide":
             row += [n.plan_generation, n.facts.arch or "-", n.facts.kernel or "-", _gpu_count(n)]
             row += [",".join(n.facts.addresses) or "-", when(n.enrolled_ms)]

@@ -60,6 +60,22 @@ class _Loader(yaml.SafeLoader):
             raise YamlLimit(f"more than {MAX_YAML_NODES} nodes, aliases expanded (the limit)")
 
 
+def load_all(text: str) -> list[Any]:
+    """Every document in ``text`` (a ``---``-separated stream), as ``yaml.safe_load_all`` gives
+    them; the limits apply to the whole stream (the node count is the stream's, not each
+    document's). Raises like ``load``."""
+    loader = _Loader(text)
+    docs: list[Any] = []
+    try:
+        while loader.check_data():  # type: ignore[no-untyped-call]
+            docs.append(loader.get_data())
+    except (ValueError, OverflowError) as exc:
+        raise yaml.YAMLError(f"a value cannot be read: {exc}") from None
+    finally:
+        loader.dispose()
+    return docs
+
+
 def load(text: str) -> Any:
     """The one document in ``text``, as ``yaml.safe_load`` gives it, within the limits.
 

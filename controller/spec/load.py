@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -13,6 +12,7 @@ import yaml
 from tether.controller.errors import InvalidArgument, Problem
 from tether.controller.spec import (
     bounded_yaml,
+    names,
     parse_cluster,
     parse_components,
     parse_custom,
@@ -27,7 +27,10 @@ from tether.controller.spec.reader import Problems, Section
 HOLODECK_API = "holodeck.nvidia.com/v1alpha1"
 TETHER_API = "tether.dev/v1alpha1"
 API_VERSIONS = (HOLODECK_API, TETHER_API)
-NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+NAME_RE = names.DNS_LABEL_RE  # tether's apiVersion; holodeck's: names.HOLODECK_NAME_RE
+# tether's own sections: no holodeck file has them, so an unknown field there is a typo even
+# under holodeck's apiVersion (where unknown fields are otherwise notes).
+TETHER_EXTENSIONS = ("spec.rollout", "spec.hardware", "spec.packageRepositories")
 
 
 class SpecError(InvalidArgument):
@@ -49,20 +52,29 @@ class LoadedSpec:
 
 
 def load_document(text: str) -> LoadedSpec:
-    """Parse and validate; raises ``SpecError`` with every problem found."""
+    """Parse and validate; raises ``SpecError`` with every problem found.
+
+    ``text`` may be a stream of several YAML documents (``---``) when exactly one of them is
+    an Environment: that one is read, and a note names it and the others."""
     try:
-        doc = bounded_yaml.load(text)
+        docs = bounded_yaml.load_all(text)  # the limits hold for the whole stream
     except bounded_yaml.YamlLimit as exc:
         raise SpecError([Problem("document", str(exc))]) from None
     except yaml.YAMLError as exc:
         raise SpecError([Problem("document", f"not valid YAML: {exc}")]) from None
+    doc, stream_note = pick_environment(docs)
     if not isinstance(doc, dict):
         raise SpecError([Problem("document", "expected a mapping with apiVersion, kind, metadata and spec")])
     problems = Problems()
+    if stream_note:
+        problems.note("document", stream_note)
     top = Section(doc, "", problems)
     api_version = top.raw("apiVersion")
     if api_version not in API_VERSIONS:
         problems.add("apiVersion", f"must be one of {', '.join(API_VERSIONS)} (got {api_version!r})")
+    if api_version == HOLODECK_API:
+        problems.holodeck = True  # holodeck's leniencies, each with a note
+        problems.strict_under = TETHER_EXTENSIONS
     kind = top.raw("kind")
     if kind != "Environment":
         problems.add("kind", f"must be Environment (got {kind!r})")
@@ -85,14 +97,68 @@ def load_document(text: str) -> LoadedSpec:
 def _name(top: Section) -> str:
     meta = top.section("metadata")
     name = meta.raw("name") if meta is not None else None
-    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
-        top.problems.add(
-            "metadata.name", "required: lowercase letters, digits and '-', at most 63 characters"
-        )
+    holodeck = top.problems.holodeck
+    rule, rule_text = (
+        (names.HOLODECK_NAME_RE, names.HOLODECK_NAME_RULE) if holodeck else (NAME_RE, names.DNS_LABEL_RULE)
+    )
+    if not isinstance(name, str) or not rule.fullmatch(name):
+        top.problems.add("metadata.name", f"required: {rule_text}")
         name = "invalid"
+    elif names.dns_name(name) != name:
+        top.problems.note(
+            "metadata.name",
+            f"{name!r} is {names.dns_name(name)!r} where a DNS name is needed "
+            "(kubeadm's cluster name, the kubeconfig's cluster and context)",
+        )
     if meta is not None:
         meta.ignore_rest("ignored")
     return name
+
+
+def _kind_of(doc: Any) -> str:
+    if not isinstance(doc, Mapping):
+        return "not a mapping"
+    kind = next((v for k, v in doc.items() if str(k).lower() == "kind"), None)
+    return f"kind {kind}" if isinstance(kind, str) and kind else "no kind"
+
+
+def pick_environment(docs: Sequence[Any]) -> tuple[Any, str]:
+    """(the Environment document of a YAML stream, a note naming it among the others, or "").
+
+    One document (empty ones aside) is returned as it is, whatever it holds. Several: exactly
+    one must be an Environment; none or more than one is a ``SpecError`` naming the documents
+    by their place in the stream (1 is the first) and kind."""
+    present = [(i, d) for i, d in enumerate(docs, 1) if d is not None]
+    if len(present) <= 1:
+        return (present[0][1] if present else None), ""
+    envs = [(i, d) for i, d in present if _kind_of(d) == "kind Environment"]
+    listed = ", ".join(f"document {i} ({_kind_of(d)})" for i, d in present)
+    if not envs:
+        raise SpecError(
+            [
+                Problem(
+                    "document",
+                    f"the file holds {len(present)} documents and none is an Environment: {listed}",
+                )
+            ]
+        )
+    if len(envs) > 1:
+        which = ", ".join(str(i) for i, _ in envs)
+        raise SpecError(
+            [
+                Problem(
+                    "document",
+                    f"the file holds {len(present)} documents and {len(envs)} are Environments "
+                    f"(documents {which}): give one Environment per file",
+                )
+            ]
+        )
+    index, doc = envs[0]
+    others = ", ".join(f"document {i} ({_kind_of(d)})" for i, d in present if i != index)
+    return (
+        doc,
+        f"the file holds {len(present)} documents; document {index} is the Environment, ignored: {others}",
+    )
 
 
 def _spec(sec: Section, name: str) -> EnvironmentSpec:

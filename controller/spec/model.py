@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from tether.controller.spec.names import dns_name
+
 PHASES = ("pre-install", "post-runtime", "post-toolkit", "post-kubernetes", "post-install")
 ROLES = ("control-plane", "worker")
 RUNTIMES = ("containerd", "docker", "crio")
@@ -48,6 +50,9 @@ class RuntimeSpec:
     version: str = ""  # package pin; "" means the repository's newest
     package_name: str = ""  # override of the distribution package name (mirrors that rename it)
     git: GitSource | None = None  # for git and latest (latest: ref is the track branch)
+    # smokeTest (Docker only): `docker run --rm <image>` after the install, as holodeck always does
+    smoke_test: bool = False
+    smoke_test_image: str = ""  # "" = hello-world
 
 
 @dataclass(frozen=True)
@@ -76,6 +81,10 @@ class KubernetesSpec:
     endpoint_host: str = ""
     kubeadm_config: str = ""  # the user's kubeadm config, inlined
     kind_config: str = ""  # the user's kind config, inlined
+    # remoteAccess: the API server certificate names every address and name of the init node (and
+    # K8sEndpointHost), and the exported kubeconfig points at K8sEndpointHost when one is given.
+    remote_access: bool = False
+    kube_config: str = ""  # kubeConfig: where `tetherctl cluster kubeconfig` writes it (operator's cwd)
 
 
 @dataclass(frozen=True)
@@ -185,3 +194,8 @@ class EnvironmentSpec:
     download_mirror: str = ""
     rollout: RolloutPolicy = field(default_factory=RolloutPolicy)
     hardware: HardwareSpec | None = None
+
+    @property
+    def dns_name(self) -> str:
+        """``name`` where a DNS label is needed (``spec.names.dns_name``); ``name`` stays the key."""
+        return dns_name(self.name)

@@ -2,7 +2,10 @@
 
 Keys match case-insensitively (holodeck writes ``Installer`` and ``Version`` but ``source``), so
 both spellings of a field are the same field; giving it twice is a problem. Keys nobody asked
-for are reported by ``finish()`` as unknown fields, so a typo is caught instead of ignored.
+for are reported by ``finish()`` as unknown fields, so a typo is caught instead of ignored; under
+holodeck's apiVersion (``Problems.holodeck``), which ignores fields it does not know, they are
+notes instead, except inside tether's own extensions (``Problems.strict_under``), which no
+holodeck file has.
 """
 
 from __future__ import annotations
@@ -15,12 +18,29 @@ from tether.controller.errors import Problem
 Check = Callable[[str], str]
 
 
+UNKNOWN_NOTE = "ignored: not a holodeck field tether knows"
+
+
 class Problems:
-    """Every problem (its path and message) and note (``path: message``) found reading one document."""
+    """Every problem (its path and message) and note (``path: message``) found reading one document.
+
+    ``holodeck``: the document is under holodeck's apiVersion (set by the loader once it has read
+    ``apiVersion``); readers relax holodeck's leniencies under it, each with a note.
+    """
 
     def __init__(self) -> None:
         self.items: list[Problem] = []
         self.notes: list[str] = []
+        self.holodeck = False
+        self.strict_under: tuple[str, ...] = ()
+
+    def unknown(self, path: str) -> None:
+        """A field nobody reads: a problem, or under holodeck's apiVersion a note."""
+        strict = any(path == p or path.startswith((f"{p}.", f"{p}[")) for p in self.strict_under)
+        if self.holodeck and not strict:
+            self.note(path, UNKNOWN_NOTE)
+        else:
+            self.add(path, "unknown field")
 
     def add(self, path: str, message: str) -> None:
         self.items.append(Problem(path, message))
@@ -187,4 +207,4 @@ class Section:
     def finish(self) -> None:
         for key in self._raw:
             if key not in self._seen:
-                self.problems.add(self.child(key), "unknown field")
+                self.problems.unknown(self.child(key))

@@ -143,7 +143,7 @@ def test_invalid_spec_is_rejected_with_every_problem_and_nothing_stored(
 ) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text(
-        "apiVersion: holodeck.nvidia.com/v1alpha1\nkind: Environment\nmetadata:\n  name: Bad_Name\n"
+        "apiVersion: holodeck.nvidia.com/v1alpha1\nkind: Environment\nmetadata:\n  name: bad/name\n"
         "spec:\n  customTemplates:\n    - name: x\n      phase: sometime\n      timeout: -1\n"
     )
     out = controller.ctl("env", "apply", "-f", str(bad), check=False)

@@ -1,4 +1,5 @@
-"""The kubeadm configuration tether generates (or the user's, verbatim), as YAML text.
+"""The kubeadm configuration tether generates (or the user's, with holodeck's four Go-template
+placeholders filled in), as YAML text.
 
 It reaches the node through the step's environment, never through script text, so no value
 in it is ever parsed by a shell.
@@ -11,7 +12,7 @@ from typing import Any
 import yaml
 
 from tether.controller.render.steps import RenderInput
-from tether.controller.spec import checks, defaults
+from tether.controller.spec import checks, defaults, kubeadm_template
 
 CRI_SOCKETS = {
     "containerd": "unix:///run/containerd/containerd.sock",
@@ -19,6 +20,7 @@ CRI_SOCKETS = {
     "docker": "unix:///run/cri-dockerd.sock",
 }
 VERSION_PLACEHOLDER = "@KUBERNETES_VERSION@"
+NODE_ADDRESS = "@ADVERTISE_ADDRESS@"  # the node's address; the init scripts fill it in (cluster.ADVERTISE)
 
 
 def cri_socket(inp: RenderInput) -> str:
@@ -51,7 +53,7 @@ def generate(inp: RenderInput) -> str:
     cluster: dict[str, Any] = {
         "apiVersion": api,
         "kind": "ClusterConfiguration",
-        "clusterName": inp.spec.name,
+        "clusterName": inp.spec.dns_name,  # a DNS label (metadata.name may not be one)
         "kubernetesVersion": version,
         "networking": {"podSubnet": defaults.POD_SUBNET},
     }
@@ -73,8 +75,28 @@ def generate(inp: RenderInput) -> str:
     return yaml.safe_dump_all([init, cluster, kubelet], sort_keys=False)
 
 
+def control_plane_endpoint(inp: RenderInput) -> str:
+    """The endpoint (host:port) tether's own configuration uses: the HA endpoint (a load
+    balancer's, or each node's local one), else the init node's address (``NODE_ADDRESS``, filled
+    in on the node by the init step) and the API port."""
+    cluster = inp.node.cluster
+    if cluster is not None and cluster.ha_endpoint:
+        return cluster.ha_endpoint
+    return f"{NODE_ADDRESS}:6443"
+
+
 def config_text(inp: RenderInput) -> tuple[str, str]:
-    """(the config, "user" or "generated")."""
-    if inp.spec.kubernetes.kubeadm_config:
-        return inp.spec.kubernetes.kubeadm_config, "user"
+    """(the config, "user" or "generated"). The user's has holodeck's four Go-template
+    placeholders filled in (``spec.kubeadm_template``; ``{{ .ControlPlaneEndpoint }}:6443`` is
+    the whole endpoint, its port included); nothing else in it changes."""
+    k8s = inp.spec.kubernetes
+    if k8s.kubeadm_config:
+        endpoint = control_plane_endpoint(inp)
+        values = {
+            "CriSocket": cri_socket(inp),
+            "ClusterName": inp.spec.dns_name,
+            "KubernetesVersion": k8s.version if k8s.source == "release" else VERSION_PLACEHOLDER,
+            "ControlPlaneEndpoint": endpoint.rsplit(":", 1)[0],  # holodeck's: a host
+        }
+        return kubeadm_template.expand(k8s.kubeadm_config, values, endpoint=endpoint), "user"
     return generate(inp), "generated"
