@@ -9,6 +9,9 @@ The rules, in order:
    even with ``accept_new``.
 4. An unknown host is accepted only with ``accept_new``; its key is then appended to
    ``record_to`` (the ``--known-hosts`` file, else tether's own) under a file lock.
+5. ``verify=False`` (``--insecure-ignore-host-key``, holodeck's ``knownHostsPolicy: off``) checks
+   nothing. ``decide_mode`` says which of strict / accept-new / off applies: strict unless asked,
+   conflicting requests refused, and ``off`` only with ``--insecure-ignore-host-key``.
 
 The key is checked during the SSH handshake, before authentication: when it is refused, no
 credential has been sent and no command has run.
@@ -18,7 +21,7 @@ from __future__ import annotations
 
 import fcntl
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import asyncssh
@@ -36,6 +39,7 @@ class HostKeyPolicy:
     accept_new: bool = False
     record_to: Path | None = None  # where accepted new keys go (default: tether's file)
     inline: str = ""  # known_hosts content given directly (AdminService.Bootstrap), read with the files
+    verify: bool = True  # False: accept any key (knownHostsPolicy off + --insecure-ignore-host-key)
 
     def files(self) -> tuple[Path, ...]:
         chosen = self.known_hosts or (USER_KNOWN_HOSTS, TETHER_KNOWN_HOSTS)
@@ -48,7 +52,63 @@ class HostKeyPolicy:
 
     def without_pin(self) -> HostKeyPolicy:
         """The policy for a jump host: the same files and TOFU setting, never the target's pin."""
-        return HostKeyPolicy(self.known_hosts, "", self.accept_new, self.record_to, self.inline)
+        return replace(self, pinned="")
+
+    @property
+    def mode(self) -> str:
+        return "off" if not self.verify else "accept-new" if self.accept_new else "strict"
+
+
+MODES = ("strict", "accept-new", "off")
+
+
+def decide_mode(
+    policy: str = "", *, accept_new: bool | None = None, insecure: bool = False, pinned: bool = False
+) -> str:
+    """strict, accept-new or off for one target, from everything that asks for one.
+
+    ``policy`` is the inventory's (holodeck's ``knownHostsPolicy``), the others the command line's
+    (or the inventory's ``accept_new_host_key``/``host_key``). Nothing asked: strict (holodeck's
+    default is accept-new; tether's is not). Two different asks: refused, never guessed. ``off``
+    needs ``insecure`` (``--insecure-ignore-host-key``) as well, whoever asked for it.
+    """
+    if policy and policy not in MODES:
+        raise HostKeyError(f"unknown knownHostsPolicy {policy!r} (one of {', '.join(MODES)})")
+    asks: list[tuple[str, str]] = []
+    if policy:
+        asks.append((policy, f"knownHostsPolicy {policy}"))
+    if pinned:
+        asks.append(("strict", "a pinned --host-key"))
+    if accept_new:
+        asks.append(("accept-new", "--accept-new-host-key"))
+    if insecure:
+        asks.append(("off", "--insecure-ignore-host-key"))
+    modes = {mode for mode, _ in asks}
+    if len(modes) > 1:
+        raise HostKeyError(
+            "conflicting host key settings: " + ", ".join(who for _, who in asks) + "; give only one"
+        )
+    mode = modes.pop() if modes else "strict"
+    if mode == "off" and not insecure:
+        raise HostKeyError(
+            "knownHostsPolicy off turns host key verification off (anyone in the path would get the "
+            "credentials and the join token): refused unless --insecure-ignore-host-key is given too; "
+            "prefer --known-hosts, --host-key or knownHostsPolicy accept-new"
+        )
+    return mode
+
+
+def policy_for(
+    mode: str, *, known_hosts: tuple[Path, ...] = (), pinned: str = "", inline: str = ""
+) -> HostKeyPolicy:
+    """The ``HostKeyPolicy`` of a mode ``decide_mode`` returned."""
+    return HostKeyPolicy(
+        known_hosts=known_hosts,
+        pinned=pinned,
+        accept_new=mode == "accept-new",
+        inline=inline,
+        verify=mode != "off",
+    )
 
 
 def parse_pinned(line: str) -> asyncssh.SSHKey:
@@ -82,6 +142,9 @@ class HostKeyVerifier:
     _pinned: asyncssh.SSHKey | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
+        if not self.policy.verify:
+            self._known = asyncssh.import_known_hosts("")
+            return
         if self.policy.pinned:
             self._pinned = parse_pinned(self.policy.pinned)
             pin = self._pinned.export_public_key("openssh").decode().split()
@@ -101,11 +164,14 @@ class HostKeyVerifier:
             raise HostKeyError(f"cannot parse known_hosts: {exc}") from None
 
     @property
-    def known_hosts(self) -> asyncssh.SSHKnownHosts:
-        return self._known
+    def known_hosts(self) -> asyncssh.SSHKnownHosts | None:
+        """asyncssh's ``known_hosts`` argument (None: no verification at all)."""
+        return self._known if self.policy.verify else None
 
     def validate(self, host: str, addr: str, port: int, key: asyncssh.SSHKey) -> bool:
         """Called by asyncssh for a key the known_hosts argument does not already trust."""
+        if not self.policy.verify:
+            return True
         presented = fingerprint(key)
         where = host_pattern(self.host, self.port)
         if self._pinned is not None:
@@ -127,7 +193,8 @@ class HostKeyVerifier:
         if not self.policy.accept_new:
             self.problem = (
                 f"unknown host key {presented} ({key.get_algorithm()}) for {where}: check it, then pass "
-                "--host-key, add it to --known-hosts, or use --accept-new-host-key"
+                "--host-key, add it to --known-hosts, or use --accept-new-host-key "
+                "(knownHostsPolicy: accept-new)"
             )
             return False
         self.learned = self._record(key)

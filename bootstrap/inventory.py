@@ -18,10 +18,17 @@ A tether inventory (every problem in it is reported at once)::
         region: us-east-1
         role: control-plane
 
+SSH settings a node (or ``defaults``) may also give: ``jump_identity`` (the jump host's key; default
+the node's credentials), ``host_key_policy`` (strict | accept-new | off), ``use_agent``,
+``agent_socket``, ``connect_timeout``/``handshake_timeout``/``keepalive_interval`` (seconds or Go
+durations such as ``30s``) and ``max_retries`` (connection attempts).
+
 An Environment document (``kind: Environment``, holodeck layout) contributes its node list:
 ``status.cluster.nodes[]`` (name, role, publicIp/privateIp, sshUsername, or instanceId for SSM in
 ``spec.cluster.region``), or the single ``spec.instance.hostUrl`` of ``provider: ssh``, with
-``spec.auth.username``/``privateKey`` and ``metadata.name`` as the environment.
+``spec.auth.username``/``privateKey``, ``spec.auth.sshConfig`` (bastion, agent, knownHostsPolicy,
+timeouts, retries: ``tether.bootstrap.sshconfig``) for every node, and ``metadata.name`` as the
+environment.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from typing import Any
 
 import yaml
 
+from tether.bootstrap import sshconfig
 from tether.bootstrap.errors import InventoryError
 from tether.bootstrap.ssh import SshEndpoint
 from tether.nodeagent.model import Role
@@ -55,6 +63,14 @@ class Entry:
     host_key: str = ""
     accept_new_host_key: bool | None = None
     jump: str = ""
+    jump_identity: str = ""  # the jump host's key file (default: the node's credentials)
+    host_key_policy: str = ""  # strict | accept-new | off (holodeck's knownHostsPolicy)
+    use_agent: bool | None = None
+    agent_socket: str = ""
+    connect_timeout: float | None = None  # seconds
+    handshake_timeout: float | None = None
+    keepalive_interval: float | None = None
+    max_retries: int | None = None  # connection attempts
 
     @property
     def target(self) -> str:
@@ -72,6 +88,8 @@ class Entry:
 
 
 KEYS = {f.name for f in fields(Entry)}
+BOOLS = {"accept_new_host_key", "use_agent"}
+DURATIONS = {"connect_timeout", "handshake_timeout", "keepalive_interval"}
 
 
 def _entry(raw: Any, where: str, problems: list[str]) -> Entry | None:
@@ -84,11 +102,27 @@ def _entry(raw: Any, where: str, problems: list[str]) -> Entry | None:
         if name not in KEYS:
             problems.append(f"{where}.{key}: unknown setting")
             continue
-        if name == "accept_new_host_key":
+        if name in BOOLS:
             if not isinstance(value, bool):
                 problems.append(f"{where}.{key}: expected true or false")
                 continue
             values[name] = value
+        elif name in DURATIONS:
+            try:
+                seconds = sshconfig.parse_duration(value)
+            except ValueError as exc:
+                problems.append(f"{where}.{key}: {exc}")
+                continue
+            values[name] = seconds or None
+        elif name == "max_retries":
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int)
+                or not 0 <= value <= sshconfig.MAX_RETRIES
+            ):
+                problems.append(f"{where}.{key}: expected a whole number from 0 to {sshconfig.MAX_RETRIES}")
+                continue
+            values[name] = value or None
         elif value is None or isinstance(value, (str, int)):
             values[name] = "" if value is None else str(value)
         else:
@@ -118,23 +152,43 @@ def _check(entry: Entry, where: str, problems: list[str]) -> None:
             problems.append(f"{where}.role: {exc}")
     if entry.host_key and entry.accept_new_host_key:
         problems.append(f"{where}: host_key and accept_new_host_key exclude each other")
+    if entry.host_key_policy and entry.host_key_policy not in sshconfig.POLICIES:
+        problems.append(f"{where}.host_key_policy: must be one of {', '.join(sshconfig.POLICIES)}")
+    if entry.jump_identity and not entry.jump:
+        problems.append(f"{where}.jump_identity: there is no jump host")
 
 
-def load(path: Path, defaults: Entry | None = None) -> list[Entry]:
-    """The machines of ``path``, completed with ``defaults`` (the command line's flags)."""
+def load(path: Path, defaults: Entry | None = None, notes: list[str] | None = None) -> list[Entry]:
+    """The machines of ``path``, completed with ``defaults`` (the command line's flags); what was
+    accepted but not used is appended to ``notes``."""
     try:
-        doc = yaml.safe_load(path.read_text())
+        docs = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
     except (OSError, yaml.YAMLError) as exc:
         raise InventoryError([f"{path}: {exc}"]) from None
-    return parse(doc, str(path), defaults or Entry())
+    return parse(_one_document(docs, str(path), notes), str(path), defaults or Entry(), notes)
 
 
-def parse(doc: Any, source: str, defaults: Entry) -> list[Entry]:
+def _one_document(docs: list[Any], source: str, notes: list[str] | None) -> Any:
+    """The inventory of a file: its one document, or the one Environment of several (holodeck
+    files may hold other documents beside it, as ``tetherctl env apply`` accepts)."""
+    if len(docs) <= 1:
+        return docs[0] if docs else None
+    envs = [i for i, d in enumerate(docs) if isinstance(d, dict) and d.get("kind") == "Environment"]
+    if len(envs) != 1:
+        raise InventoryError(
+            [f"{source}: holds {len(docs)} documents and {len(envs)} Environments: one Environment is needed"]
+        )
+    if notes is not None:
+        notes.append(f"{source}: holds {len(docs)} documents; document {envs[0] + 1} is the Environment")
+    return docs[envs[0]]
+
+
+def parse(doc: Any, source: str, defaults: Entry, notes: list[str] | None = None) -> list[Entry]:
     problems: list[str] = []
     if not isinstance(doc, dict):
         raise InventoryError([f"{source}: expected a mapping with 'nodes'"])
     if doc.get("kind") == "Environment":
-        raw_nodes, file_defaults = _from_environment(doc, problems)
+        raw_nodes, file_defaults = _from_environment(doc, problems, notes if notes is not None else [])
     else:
         unknown = sorted(set(doc) - {"apiVersion", "kind", "defaults", "nodes"})
         problems += [f"{source}: unknown key {k!r}" for k in unknown]
@@ -176,7 +230,30 @@ def _mapping(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def _from_environment(doc: dict[str, Any], problems: list[str]) -> tuple[list[Any], Entry]:
+def _ssh_config(auth: dict[str, Any], problems: list[str], notes: list[str]) -> dict[str, Any]:
+    """Entry defaults from ``spec.auth.sshConfig``."""
+    raw = next((v for k, v in auth.items() if str(k).lower() == "sshconfig"), None)
+    config, found, unknown = sshconfig.parse(raw)
+    problems += [f"{path}: {message}" for path, message in found]
+    notes += [f"{path}: unknown field, ignored" for path in unknown]
+    out: dict[str, Any] = {
+        "host_key_policy": config.known_hosts_policy,
+        "use_agent": config.use_agent or None,
+        "agent_socket": config.agent_socket,
+        "connect_timeout": config.connect_timeout,
+        "handshake_timeout": config.handshake_timeout,
+        "keepalive_interval": config.keepalive_interval,
+        "max_retries": config.max_retries,
+    }
+    if config.agent_socket and not config.use_agent:
+        notes.append("spec.auth.sshConfig.agentSocket: ignored without useAgent: true")
+    if config.bastion is not None:
+        out["jump"] = config.bastion.endpoint
+        out["jump_identity"] = config.bastion.private_key
+    return out
+
+
+def _from_environment(doc: dict[str, Any], problems: list[str], notes: list[str]) -> tuple[list[Any], Entry]:
     spec, status, meta = _mapping(doc.get("spec")), _mapping(doc.get("status")), _mapping(doc.get("metadata"))
     auth, cluster_spec = _mapping(spec.get("auth")), _mapping(spec.get("cluster"))
     defaults = Entry(
@@ -184,6 +261,7 @@ def _from_environment(doc: dict[str, Any], problems: list[str]) -> tuple[list[An
         user=str(auth.get("username") or ""),
         identity=str(auth.get("privateKey") or ""),
         region=str(cluster_spec.get("region") or ""),
+        **_ssh_config(auth, problems, notes),
     )
     cluster_status = _mapping(status.get("cluster"))
     nodes: list[Any] = []

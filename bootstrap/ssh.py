@@ -1,5 +1,8 @@
 """The SSH transport (asyncssh): key (optionally passphrase-protected), password or ssh-agent;
-any port; an optional jump host; host keys verified as ``tether.bootstrap.hostkeys`` describes.
+any port; an optional jump host (a bastion: asyncssh's ``tunnel``, with its own credentials when
+given); host keys verified as ``tether.bootstrap.hostkeys`` describes, the jump host's by the same
+policy (never the target's pin). Timeouts, keepalives and connection attempts are the target's
+(holodeck's ``auth.sshConfig``, see ``tether.bootstrap.sshconfig``).
 
 Commands run through ``/bin/sh -c`` and, for a login other than root, ``sudo -n`` (passwordless
 sudo is required; the connect step checks it before anything else happens). Credentials are
@@ -25,7 +28,9 @@ from tether.nodeagent.secrets import Secret
 
 DEFAULT_PORT = 22
 CONNECT_TIMEOUT = 15.0
+HANDSHAKE_TIMEOUT = 15.0  # holodeck's default handshakeTimeout
 KEEPALIVE_SECONDS = 30.0
+RETRY_DELAY = 1.0  # between connection attempts (holodeck: fixed 1 s)
 _ENDPOINT_RE = re.compile(r"(?:(?P<user>[^@\s]+)@)?(?P<host>\[[^\]]+\]|[^:@\s]+)(?::(?P<port>[0-9]+))?")
 
 
@@ -79,11 +84,21 @@ class SshTarget:
     endpoint: SshEndpoint
     credentials: SshCredentials
     host_keys: HostKeyPolicy = field(default_factory=HostKeyPolicy)
-    jump: SshEndpoint | None = None  # logs in with the same credentials
-    connect_timeout: float = CONNECT_TIMEOUT
+    jump: SshEndpoint | None = None  # logs in with jump_credentials, else the same credentials
+    connect_timeout: float = CONNECT_TIMEOUT  # alone: bounds TCP connect, handshake and login together
+    jump_credentials: SshCredentials | None = None
+    handshake_timeout: float | None = None  # given: connect_timeout is the TCP connect's share only
+    keepalive_interval: float = KEEPALIVE_SECONDS
+    attempts: int = 1  # connection attempts (holodeck's maxRetries), RETRY_DELAY apart
 
     def __str__(self) -> str:
         return str(self.endpoint) + (f" via {self.jump}" if self.jump else "")
+
+    def timeouts(self) -> tuple[float, float]:
+        """asyncssh's (connect_timeout, login_timeout): the whole connection, and its SSH part."""
+        if self.handshake_timeout is None:
+            return self.connect_timeout, self.connect_timeout
+        return self.connect_timeout + self.handshake_timeout, self.handshake_timeout
 
 
 class _Client(asyncssh.SSHClient):
@@ -117,14 +132,15 @@ def _client_keys(credentials: SshCredentials) -> list[asyncssh.SSHKey]:
     return [key]
 
 
-async def _dial(
+def client_options(
+    target: SshTarget,
     endpoint: SshEndpoint,
     credentials: SshCredentials,
-    policy: HostKeyPolicy,
-    timeout: float,
+    verifier: HostKeyVerifier,
     tunnel: asyncssh.SSHClientConnection | None = None,
-) -> asyncssh.SSHClientConnection:
-    verifier = HostKeyVerifier(policy, endpoint.host, endpoint.port)
+) -> dict[str, Any]:
+    """The keyword arguments of ``asyncssh.connect`` for one hop (the target's or the jump host's)."""
+    connect_timeout, login_timeout = target.timeouts()
     options: dict[str, Any] = {
         "port": endpoint.port,
         "username": endpoint.user,
@@ -135,29 +151,64 @@ async def _dial(
         "agent_path": credentials.agent_path or None,
         "config": [],
         "x509_trusted_certs": None,
-        "connect_timeout": timeout,
-        "login_timeout": timeout,
-        "keepalive_interval": KEEPALIVE_SECONDS,
+        "connect_timeout": connect_timeout,
+        "login_timeout": login_timeout,
+        "keepalive_interval": target.keepalive_interval,
         "keepalive_count_max": 4,
         "kbdint_auth": False,
         "gss_auth": False,
     }
     if tunnel is not None:
         options["tunnel"] = tunnel
-    where = str(endpoint)
+    return options
+
+
+async def _dial(
+    target: SshTarget,
+    endpoint: SshEndpoint,
+    credentials: SshCredentials,
+    policy: HostKeyPolicy,
+    tunnel: asyncssh.SSHClientConnection | None = None,
+    label: str = "",
+) -> asyncssh.SSHClientConnection:
+    """One connection, tried ``target.attempts`` times while it fails to connect (never on a
+    refused host key or login: those do not get better)."""
+    for attempt in range(1, max(1, target.attempts) + 1):
+        try:
+            return await _dial_once(target, endpoint, credentials, policy, tunnel, label)
+        except ConnectError as exc:
+            if not exc.retryable or attempt >= target.attempts:
+                raise
+        await asyncio.sleep(RETRY_DELAY)
+    raise AssertionError("unreachable")
+
+
+async def _dial_once(
+    target: SshTarget,
+    endpoint: SshEndpoint,
+    credentials: SshCredentials,
+    policy: HostKeyPolicy,
+    tunnel: asyncssh.SSHClientConnection | None,
+    label: str,
+) -> asyncssh.SSHClientConnection:
+    verifier = HostKeyVerifier(policy, endpoint.host, endpoint.port)
+    options = client_options(target, endpoint, credentials, verifier, tunnel)
+    where = label + str(endpoint)
     try:
         conn = await asyncssh.connect(endpoint.host, **options)
     except asyncssh.HostKeyNotVerifiable:
-        raise HostKeyError(verifier.problem or f"host key of {where} not verified", target=where) from None
+        problem = verifier.problem or f"host key of {endpoint} not verified"
+        message = f"{label.strip()}: {problem}" if label else problem
+        raise HostKeyError(message, target=str(endpoint)) from None
     except asyncssh.PermissionDenied:
         raise AuthenticationError(
-            f"authentication failed for {where} (tried: {credentials.describe()})", target=where
+            f"authentication failed for {where} (tried: {credentials.describe()})", target=str(endpoint)
         ) from None
     except (OSError, asyncio.TimeoutError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
-        raise ConnectError(f"cannot reach {where}: {reason}", target=where) from None
+        raise ConnectError(f"cannot reach {where}: {reason}", target=str(endpoint)) from None
     except (asyncssh.Error, asyncssh.ChannelOpenError) as exc:
-        raise ConnectError(f"SSH to {where} failed: {exc.reason}", target=where) from None
+        raise ConnectError(f"SSH to {where} failed: {exc.reason}", target=str(endpoint)) from None
     if verifier.learned:
         conn.set_extra_info(tether_learned_host_key=verifier.learned)
     return conn
@@ -172,12 +223,14 @@ async def connect(target: SshTarget) -> SshTransport:
     jump_conn = None
     if target.jump is not None:
         jump_conn = await _dial(
-            target.jump, target.credentials, target.host_keys.without_pin(), target.connect_timeout
+            target,
+            target.jump,
+            target.jump_credentials or target.credentials,
+            target.host_keys.without_pin(),
+            label="bastion ",
         )
     try:
-        conn = await _dial(
-            target.endpoint, target.credentials, target.host_keys, target.connect_timeout, jump_conn
-        )
+        conn = await _dial(target, target.endpoint, target.credentials, target.host_keys, jump_conn)
     except BaseException:
         if jump_conn is not None:
             jump_conn.close()

@@ -22,6 +22,7 @@ examples:
       --password-env TETHER_SSH_PASSWORD --known-hosts ./known_hosts
   tetherctl bootstrap --env lab --ssm i-0123456789abcdef0 --region us-east-1 --bundle-s3 s3://b/tether
   tetherctl bootstrap --inventory nodes.yaml --concurrency 8
+  tetherctl bootstrap --inventory env.yaml --known-hosts ./known_hosts   # holodeck auth.sshConfig
 """
 
 
@@ -48,7 +49,9 @@ def add_parser(sub: Any) -> None:
     auth.add_argument("--password-env", metavar="VAR", default="", help="variable holding the SSH password")
     auth.add_argument("--ask-password", action="store_true", help="prompt for the SSH password")
     auth.add_argument("--ssh-agent", action="store_true", help="use the ssh-agent at $SSH_AUTH_SOCK")
-    auth.add_argument("--jump", metavar="USER@HOST[:PORT]", default="", help="jump host (same credentials)")
+    auth.add_argument(
+        "--jump", metavar="USER@HOST[:PORT]", default="", help="jump host / bastion (same credentials)"
+    )
     keys = b.add_argument_group("SSH host keys (verified by default)")
     keys.add_argument("--known-hosts", metavar="FILE", default="", help="known_hosts file to verify against")
     keys.add_argument(
@@ -56,6 +59,11 @@ def add_parser(sub: Any) -> None:
     )
     keys.add_argument(
         "--accept-new-host-key", action="store_true", help="trust an unknown host's key once and record it"
+    )
+    keys.add_argument(
+        "--insecure-ignore-host-key",
+        action="store_true",
+        help="verify no host key at all (also required for an inventory's knownHostsPolicy: off)",
     )
     aws = b.add_argument_group("AWS SSM")
     aws.add_argument("--region", default="", help="AWS region of --ssm instances")

@@ -28,7 +28,7 @@ from tether.bootstrap.delivery import Delivery, Push, S3Presigned, Served
 from tether.bootstrap.errors import BootstrapError
 from tether.bootstrap.finished import finished_line
 from tether.bootstrap.fleet import Machine, adopt_all
-from tether.bootstrap.hostkeys import HostKeyPolicy
+from tether.bootstrap.hostkeys import decide_mode, policy_for
 from tether.bootstrap.install import Request, Result
 from tether.bootstrap.inventory import Entry
 from tether.bootstrap.progress import Progress, summary
@@ -118,18 +118,40 @@ def _entries(args: argparse.Namespace) -> list[Entry]:
         accept_new_host_key=args.accept_new_host_key or None,
         jump=args.jump,
     )
+    notes: list[str] = []
     try:
         if args.inventory:
-            entries = inventory.load(Path(args.inventory), defaults)
+            entries = inventory.load(Path(args.inventory), defaults, notes)
         else:
             raw = _as_raw(Entry(ssh=args.ssh or "", ssm=args.ssm or "", name=args.node_name))
             entries = inventory.parse({"nodes": [raw]}, "the command line", defaults)
     except BootstrapError as exc:
         raise CliError(str(exc)) from None
+    for note in notes:
+        print(f"tetherctl: note: {note}", file=sys.stderr)
     missing = [e.target for e in entries if not e.env]
     if missing:
         raise CliError("--env is required (or env: in the inventory)")
+    refused = []
+    for e in entries:
+        if e.ssh:
+            try:
+                _host_key_mode(e, args)
+            except BootstrapError as exc:
+                refused.append(f"{e.target}: {exc}")
+    if refused:
+        raise CliError("host key verification:\n  " + "\n  ".join(dict.fromkeys(refused)))
     return entries
+
+
+def _host_key_mode(entry: Entry, args: argparse.Namespace) -> str:
+    """strict, accept-new or off for this machine (``hostkeys.decide_mode``)."""
+    return decide_mode(
+        entry.host_key_policy,
+        accept_new=entry.accept_new_host_key,
+        insecure=bool(getattr(args, "insecure_ignore_host_key", False)),
+        pinned=bool(entry.host_key),
+    )
 
 
 def _host_port(value: str) -> tuple[str, int]:
@@ -149,20 +171,50 @@ def _ssh_target(entry: Entry, args: argparse.Namespace, secrets: _Secrets) -> ss
     key, passphrase = (Secret(""), Secret(""))
     if entry.identity:
         key, passphrase = secrets.key(entry.identity, args.passphrase_env)
-    agent = os.environ.get("SSH_AUTH_SOCK", "") if args.ssh_agent else ""
+    agent = ""
+    if args.ssh_agent or entry.use_agent:
+        agent = entry.agent_socket or os.environ.get("SSH_AUTH_SOCK", "")
+        if not agent:
+            raise CliError(f"{endpoint}: the ssh-agent is asked for, but SSH_AUTH_SOCK is not set")
     if not (key or secrets.password or agent):
         agent = os.environ.get("SSH_AUTH_SOCK", "")
         if not agent:
             raise CliError(
                 f"{endpoint}: no way to log in: give --identity, --password-env/--ask-password or --ssh-agent"
             )
-    policy = HostKeyPolicy(
-        known_hosts=(Path(entry.known_hosts),) if entry.known_hosts else (),
-        pinned=entry.host_key,
-        accept_new=bool(entry.accept_new_host_key),
+    try:
+        mode = _host_key_mode(entry, args)
+    except BootstrapError as exc:
+        raise CliError(f"{endpoint}: {exc}") from None
+    policy = policy_for(
+        mode, known_hosts=(Path(entry.known_hosts),) if entry.known_hosts else (), pinned=entry.host_key
     )
     jump = ssh.SshEndpoint.parse(entry.jump, entry.user or "root") if entry.jump else None
-    return ssh.SshTarget(endpoint, ssh.SshCredentials(key, passphrase, secrets.password, agent), policy, jump)
+    jump_credentials = None
+    if jump is not None and entry.jump_identity:  # its own key only (holodeck: never the agent)
+        jump_credentials = ssh.SshCredentials(*secrets.key(entry.jump_identity, args.passphrase_env))
+    timed = entry.connect_timeout is not None or entry.handshake_timeout is not None
+    return ssh.SshTarget(
+        endpoint,
+        ssh.SshCredentials(key, passphrase, secrets.password, agent),
+        policy,
+        jump,
+        connect_timeout=entry.connect_timeout or ssh.CONNECT_TIMEOUT,
+        jump_credentials=jump_credentials,
+        handshake_timeout=(entry.handshake_timeout or ssh.HANDSHAKE_TIMEOUT) if timed else None,
+        keepalive_interval=entry.keepalive_interval or ssh.KEEPALIVE_SECONDS,
+        attempts=entry.max_retries or 1,
+    )
+
+
+VIA_CONTROLLER_UNSUPPORTED = (
+    ("jump_identity", "a bastion key of its own (bastion.privateKey)"),
+    ("use_agent", "the ssh-agent (useAgent)"),
+    ("connect_timeout", "connectTimeout"),
+    ("handshake_timeout", "handshakeTimeout"),
+    ("keepalive_interval", "keepaliveInterval"),
+    ("max_retries", "maxRetries"),
+)
 
 
 def _machine(entry: Entry, args: argparse.Namespace, secrets: _Secrets, controller: str) -> Machine:
@@ -222,6 +274,14 @@ def _request_pb(entry: Entry, args: argparse.Namespace, secrets: _Secrets, contr
             )
         )
         return request
+    unsupported = [what for name, what in VIA_CONTROLLER_UNSUPPORTED if getattr(entry, name)]
+    if _host_key_mode(entry, args) == "off":
+        unsupported.append("host key verification off")
+    if unsupported:
+        raise CliError(
+            f"{entry.target}: --via-controller cannot carry {', '.join(unsupported)}: "
+            "run the bootstrap from here (without --via-controller)"
+        )
     t = _ssh_target(entry, args, secrets)
     known = Path(entry.known_hosts).expanduser().read_text() if entry.known_hosts else ""
     request.ssh.CopyFrom(
@@ -234,7 +294,7 @@ def _request_pb(entry: Entry, args: argparse.Namespace, secrets: _Secrets, contr
             password=t.credentials.password.reveal(),
             known_hosts=known,
             host_key=entry.host_key,
-            accept_new_host_key=bool(entry.accept_new_host_key),
+            accept_new_host_key=_host_key_mode(entry, args) == "accept-new",
             jump_host=str(t.jump) if t.jump else "",
         )
     )
@@ -247,7 +307,21 @@ async def _main(args: argparse.Namespace) -> int:
         raise CliError(
             "--host-key pins the one key to accept: it excludes --known-hosts and --accept-new-host-key"
         )
+    if getattr(args, "insecure_ignore_host_key", False) and (args.host_key or args.accept_new_host_key):
+        raise CliError(
+            "--insecure-ignore-host-key checks no key at all: "
+            "it excludes --host-key and --accept-new-host-key"
+        )
     entries = _entries(args)
+    unverified = [e.target for e in entries if e.ssh and _host_key_mode(e, args) == "off"]
+    if unverified:
+        print(
+            "tetherctl: WARNING: host keys are NOT verified for "
+            + ", ".join(unverified)
+            + " (--insecure-ignore-host-key): whoever answers at those addresses gets the SSH "
+            "credentials and a join token",
+            file=sys.stderr,
+        )
     started = time.monotonic()
     await check_with_controller(conf, entries)  # unknown environments: refused before any SSH/SSM
     secrets = _Secrets()

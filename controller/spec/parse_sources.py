@@ -3,11 +3,13 @@ provider fields tether accepts and ignores."""
 
 from __future__ import annotations
 
+from tether.bootstrap import sshconfig
 from tether.controller.spec import checks
 from tether.controller.spec.model import PackageRepositories, PackageRepository
 from tether.controller.spec.reader import Section
 
 ADOPT = "ignored: tether adopts machines that exist"
+BOOTSTRAP_ONLY = "read by `tetherctl bootstrap --inventory` only (the controller does not use it)"
 PROVIDER_FIELDS = ("provider", "auth", "instance", "loadBalancer")
 
 
@@ -23,7 +25,51 @@ def provider_fields(spec: Section) -> None:
         if sub is None or not found[1]:
             spec.problems.note(spec.child(found[0]), ADOPT)
         else:
+            if name == "auth":
+                _auth(sub)
+            elif name == "instance" and sub.has("hostUrl"):
+                sub.string("hostUrl")
+                sub.problems.note(sub.path_of("hostUrl"), BOOTSTRAP_ONLY)
             sub.ignore_rest(ADOPT)
+
+
+def _auth(auth: Section) -> None:
+    """``auth``: the login fields and ``sshConfig`` serve the bootstrap; their shape is checked here."""
+    for name in ("username", "privateKey"):
+        if auth.has(name):
+            auth.string(name, check=sshconfig.check_user if name == "username" else sshconfig.check_path)
+            auth.problems.note(auth.path_of(name), BOOTSTRAP_ONLY)
+    sec = auth.section("sshConfig")
+    if sec is None:
+        return
+    sec.problems.note(sec.path, BOOTSTRAP_ONLY)
+    bastion = sec.section("bastion")
+    if bastion is not None:
+        bastion.string("host", required=True, check=sshconfig.check_host)
+        bastion.integer("port", sshconfig.DEFAULT_PORT, low=1, high=65535)
+        bastion.string("username", check=sshconfig.check_user)
+        bastion.string("privateKey", check=sshconfig.check_path)
+        bastion.finish()
+    use_agent = sec.boolean("useAgent")
+    if sec.string("agentSocket", check=sshconfig.check_path) and not use_agent:
+        sec.problems.note(sec.path_of("agentSocket"), "ignored without useAgent: true")
+    if sec.has("knownHostsPolicy"):
+        policy = sec.choice("knownHostsPolicy", sshconfig.POLICIES, "strict")
+        if policy == "accept-new":
+            sec.problems.note(
+                sec.path_of("knownHostsPolicy"),
+                "accept-new trusts an unknown host's key on first use and records it",
+            )
+        elif policy == "off":
+            sec.problems.note(
+                sec.path_of("knownHostsPolicy"),
+                "off verifies no host key: `tetherctl bootstrap` refuses it unless "
+                "--insecure-ignore-host-key is given too",
+            )
+    for name, _ in sshconfig.DURATIONS:
+        sec.string(name, check=sshconfig.check_duration)
+    sec.integer("maxRetries", 0, low=0, high=sshconfig.MAX_RETRIES)
+    sec.finish()
 
 
 def download_mirror(spec: Section) -> str:

@@ -104,3 +104,22 @@ def test_a_single_host_environment_and_an_empty_one() -> None:
     assert [e.target for e in inventory.parse(single, "e", Entry())] == ["me@host.example.com"]
     with pytest.raises(InventoryError, match="lists no nodes"):
         inventory.parse({"kind": "Environment", "spec": {}}, "e", Entry())
+
+
+def test_a_file_of_several_documents_is_read_for_its_one_environment(tmp_path: Path) -> None:
+    env = {
+        "apiVersion": "holodeck.nvidia.com/v1alpha1",
+        "kind": "Environment",
+        "metadata": {"name": "lab"},
+        "spec": {"auth": {"username": "ubuntu", "privateKey": "~/.ssh/k"}},
+        "status": {"cluster": {"nodes": [{"name": "w-0", "role": "worker", "privateIp": "10.0.1.7"}]}},
+    }
+    path = tmp_path / "env.yaml"
+    path.write_text(yaml.safe_dump_all([{"kind": "ConfigMap", "metadata": {"name": "x"}}, env]))
+    notes: list[str] = []
+    entries = inventory.load(path, Entry(), notes)
+    assert [(e.name, e.target, e.env) for e in entries] == [("w-0", "ubuntu@10.0.1.7", "lab")]
+    assert any("document 2 is the Environment" in n for n in notes)
+    path.write_text(yaml.safe_dump_all([env, env]))
+    with pytest.raises(InventoryError, match="2 Environments: one Environment is needed"):
+        inventory.load(path, Entry())

@@ -16,7 +16,7 @@ from tether.nodeagent.model import Plan
 
 GOLDEN = Path(__file__).parent / "golden"
 FAMILY_OS = {"debian": "ubuntu-22.04", "rhel": "rocky-9", "amazon": "amazon-linux-2023"}
-EXTRA_OS = ("ubuntu-24.04", "debian-12", "fedora-42")
+EXTRA_OS = ("ubuntu-24.04", "ubuntu-26.04", "debian-12", "fedora-42")
 SHA = "sha256:" + "ab" * 32
 
 HEAD = "apiVersion: tether.dev/v1alpha1\nkind: Environment\nmetadata: {name: matrix}\nspec:\n"
