@@ -1,5 +1,8 @@
 """The local apt repository served to the nodes: real Debian debs plus the stand-in packages, signed.
 
+Stand-ins: the Kubernetes packages (``packages``) and a test-fixture kernel with its boot chain
+(``kernelpkgs``).
+
 A flat repository (``deb URL ./``) signed with a throwaway ed25519 key made per testbed. The key is
 served armored at ``Release.key`` (like pkgs.k8s.io, for ``gpg --dearmor``) and binary at
 ``tether-testbed.gpg`` (ready for ``signed-by=``).
@@ -14,7 +17,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from tests.e2e.testbed import packages
+from tests.e2e.testbed import kernelpkgs, packages
 
 KEYRING_PATH = "/etc/apt/keyrings/tether-testbed.gpg"
 KEY_UID = "tether testbed apt repo (TEST ONLY) <testbed@tether.invalid>"
@@ -31,7 +34,7 @@ def build(www: Path, debian_debs: Path, gnupg: Path) -> Repo:
     apt.mkdir(parents=True, exist_ok=True)
     for deb in sorted(debian_debs.glob("*.deb")):
         _link(deb, apt / deb.name)
-    standins = packages.build_all(apt)
+    standins = packages.build_all(apt) + kernelpkgs.build_all(apt)
     _run(["apt-ftparchive", "packages", "."], cwd=apt, out=apt / "Packages")
     (apt / "Packages.gz").write_bytes(gzip.compress((apt / "Packages").read_bytes(), mtime=0))
     _run(

@@ -143,7 +143,12 @@ def _deb(
     depends: str,
     files: dict[str, str | Path],
     scripts: dict[str, str],
+    *,
+    summary: str = "",
+    fields: dict[str, str] | None = None,
 ) -> Path:
+    """One .deb of TEST FIXTURE files; ``summary`` replaces the Kubernetes description line, ``fields``
+    adds control fields (Provides, Conflicts, ...)."""
     root = work / name
     for rel, content in files.items():
         path = root / rel
@@ -164,10 +169,11 @@ def _deb(
         "Architecture: amd64",
         f"Maintainer: {MAINTAINER}",
         *([f"Depends: {depends}"] if depends else []),
+        *(f"{key}: {value}" for key, value in (fields or {}).items()),
         "Section: admin",
         "Priority: optional",
         f"Description: {FIXTURE}",
-        f" Stand-in for the Kubernetes '{name}' package, used only by tether's e2e tests.",
+        f" {summary or f'Stand-in for the Kubernetes {name!r} package'}, used only by tether's e2e tests.",
     ]
     (root / "DEBIAN/control").write_text("\n".join(control) + "\n")
     for script, text in scripts.items():
