@@ -26,6 +26,13 @@ DRAIN_GATES = {DRAIN_STEP: DRAIN_GATE, UNCORDON_STEP: UNCORDON_GATE, DELETE_NODE
 GATE_RESULT = "TETHER_GATE_RESULT"  # "done", or anything else: the step fails with the message
 GATE_MESSAGE = "TETHER_GATE_MESSAGE"
 GATE_DONE = "done"
+# highAvailability without an endpoint: every node's own load balancer (tether.controller.cluster.
+# apiserver_lb) listens on 127.0.0.1:LOCAL_LB_PORT, and LOCAL_LB_NAME is 127.0.0.1 in /etc/hosts.
+LOCAL_LB_NAME = "apiserver.tether.internal"
+LOCAL_LB_PORT = 7443
+LOCAL_LB_ENDPOINT = f"{LOCAL_LB_NAME}:{LOCAL_LB_PORT}"
+LOCAL_LB_BACKENDS = "/etc/tether/apiserver-backends"  # the control planes, kept by the controller
+LOCAL_LB_SELF = "/etc/tether/apiserver-backends.local"  # a control plane's own API server
 
 
 class Position(str, enum.Enum):
@@ -46,28 +53,39 @@ class ClusterContext:
     # HA: the load-balancer endpoint (host:port) in front of the API servers; "" without HA.
     ha_endpoint: str = ""
     dedicated_control_plane: bool = False
+    # HA without an endpoint: ha_endpoint is LOCAL_LB_ENDPOINT, each node's own load balancer.
+    local_lb: bool = False
 
     @property
     def control_plane(self) -> bool:
         return self.position is not Position.WORKER
 
 
+# Kubernetes by kubeadm without spec.cluster: a single node is a cluster of one (one control plane
+# that is not dedicated, no workers, no HA), orchestrated like any other: its init node's
+# kubeadm-init hands the controller the admin kubeconfig, and cluster health reports it.
+SINGLE_NODE = ClusterSpec()
+
+
 def cluster_of(spec: EnvironmentSpec) -> ClusterSpec | None:
-    """The spec's kubeadm cluster, or None (no spec.cluster, or Kubernetes not installed by kubeadm)."""
+    """The spec's kubeadm cluster (``SINGLE_NODE`` without spec.cluster), or None when Kubernetes is
+    not installed by kubeadm."""
     kube = spec.kubernetes
-    if spec.cluster is None or not kube.install or kube.installer != "kubeadm":
+    if not kube.install or kube.installer != "kubeadm":
         return None
-    return spec.cluster
+    return spec.cluster if spec.cluster is not None else SINGLE_NODE
 
 
 def context_for(spec: ClusterSpec, position: Position) -> ClusterContext:
     """The context of a node at ``position`` (the orchestrator's, and the offline preview's)."""
     ha = spec.high_availability
+    local_lb = ha.enabled and not ha.endpoint
     return ClusterContext(
         position,
         upload_certs=spec.control_plane.count > 1 or ha.enabled,
-        ha_endpoint=with_port(ha.endpoint) if ha.enabled else "",
+        ha_endpoint=LOCAL_LB_ENDPOINT if local_lb else with_port(ha.endpoint) if ha.enabled else "",
         dedicated_control_plane=spec.control_plane.dedicated,
+        local_lb=local_lb,
     )
 
 
@@ -91,7 +109,5 @@ def preview_context(spec: EnvironmentSpec, position: str) -> ClusterContext | No
         raise ValueError(f"unknown cluster position {position!r} (init, control-plane or worker)") from None
     cluster = cluster_of(spec)
     if cluster is None:
-        raise ValueError(
-            "a cluster position needs a kubeadm cluster: spec.cluster, with Kubernetes installed by kubeadm"
-        )
+        raise ValueError("a cluster position needs Kubernetes installed by kubeadm")
     return context_for(cluster, at)

@@ -13,8 +13,14 @@ Nothing is handed to a revoked node (releases, refresh and label tasks) and noth
 accepted. Init material is accepted once per cluster, from the init node, only while its
 ``kubeadm-init`` step is running (the step record of its current plan, so with that digest).
 
+Control planes join one at a time (stacked etcd members added in parallel is a known kubeadm
+failure), workers in parallel: join material goes to one joining control plane at a time, the
+holder of the environment's durable join slot, until its kubeadm-join succeeded or finally
+failed (or it was revoked, reset, or held the slot past ``CP_JOIN_SLOT_S``).
+
 Waiters live in memory: after a controller restart agents re-send their gate
-requests on reconnect.
+requests on reconnect; the join slot is in the store, so a restart never lets two in at once.
+A single-node kubeadm environment (no spec.cluster) is a cluster of one (``context.SINGLE_NODE``).
 """
 
 from __future__ import annotations
@@ -22,15 +28,19 @@ from __future__ import annotations
 import asyncio
 import base64
 import hmac
+import json
 import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import yaml
 
 from tether.controller import wire
 from tether.controller.cluster import health
+from tether.controller.cluster.apiserver_lb import COMMAND_PREFIX as LB_COMMAND
+from tether.controller.cluster.apiserver_lb import BackendSync, local_lb
 from tether.controller.cluster.context import (
     DRAIN_GATES,
     INIT_STEP,
@@ -66,6 +76,10 @@ REFRESH_BACKOFF_S = 10.0
 REFRESH_TASK = "task:refresh-join-material"
 LABEL_RETRY_S = 60.0
 LABEL_TASK_PREFIX = "task:label-"
+# How long a control plane may hold the join slot without finishing: its kubeadm-join's own
+# timeout (1200 s, components.cluster) and then some, so a machine that died mid-join frees it.
+CP_JOIN_SLOT_S = 1500.0
+CP_JOIN_SLOT = "cp-join"
 
 
 @dataclass
@@ -85,6 +99,7 @@ class _EnvState:
     refresh_started: float = 0.0
     refresh_cert_key: bool = False
     released_ms: dict[str, int] = field(default_factory=dict)
+    slot_timer: asyncio.TimerHandle | None = None  # re-checks a join slot that may expire
 
 
 def _key(env: str, what: str) -> str:
@@ -113,8 +128,23 @@ class Orchestrator:
         self._material: dict[str, JoinMaterial] = {}
         self._specs: dict[tuple[str, int], ClusterSpec | None] = {}
         self._labelling: dict[str, float] = {}  # node -> when its label task was sent
+        self._slot_lock = asyncio.Lock()  # the join slot's check-and-take
+        self._tasks: set[asyncio.Task[None]] = set()
         self._drain = Drainer(
-            hub, live=self._live, member=self._member, runner=self._kubectl_runner, others=self._other_cps
+            hub,
+            live=self._live,
+            member=self._member,
+            runner=self._kubectl_runner,
+            others=self._other_cps,
+            on_cordoned=self._cordoned,
+        )
+        # HA without an endpoint: every node's load balancer gets the control planes' addresses.
+        self._lb = BackendSync(
+            store,
+            hub,
+            enabled=lambda env: local_lb(self.cluster_spec(env)),
+            member=self._member,
+            init_node=self.init_node,
         )
 
     # -- spec and placement -------------------------------------------------------------------
@@ -219,6 +249,7 @@ class Orchestrator:
             await self._store.kv_delete(key)
         self._envs.pop(environment, None)
         self._material.pop(environment, None)
+        self._lb.forget_environment(environment)
         self._specs = {k: v for k, v in self._specs.items() if k[0] != environment}
 
     async def forget_node(self, environment: str, node: str) -> None:
@@ -227,6 +258,8 @@ class Orchestrator:
         await self._store.kv_delete(_key(environment, f"member/{node}"))
         self._labelling.pop(node, None)
         self._drain.forget(node)
+        await self._free_join_slot(environment, node)
+        self._lb.forget_node(environment, node)
 
     async def node_revoked(self, node: NodeRecord) -> None:
         """If the chosen init node is revoked before it initialised, the next control plane is chosen."""
@@ -235,6 +268,7 @@ class Orchestrator:
         if state is not None:
             state.waiters.pop(node.name, None)
         self._drain.forget(node.name)
+        await self._free_join_slot(env, node.name)
         if self.init_node(env) == node.name and not self._joined(node.name):
             # What it may have sent before kubeadm init finished goes too: the next init node's
             # material must be taken, and nobody may join the revoked machine's cluster.
@@ -246,6 +280,7 @@ class Orchestrator:
                 environment=env,
                 node=node.name,
             )
+        self._lb.forget_node(env, node.name)  # a revoked control plane is on nobody's list
 
     # -- GateKeeper ---------------------------------------------------------------------------
 
@@ -272,7 +307,11 @@ class Orchestrator:
             newer_than = state.released_ms.get(node.name, now_ms())
         stale = material is not None and material.issued_ms <= newer_than
         if material is not None and material.usable_for(control_plane, now_ms()) and not stale:
-            self._release(node.name, step, digest, material, control_plane)
+            if not control_plane or await self._take_join_slot(env, node.name, digest):
+                self._release(node.name, step, digest, material, control_plane)
+                return
+            # Another control plane is joining: this one is released when that join ends.
+            state.waiters[node.name] = _Waiter(node.name, step, digest, control_plane, newer_than)
             return
         state.waiters[node.name] = _Waiter(node.name, step, digest, control_plane, newer_than)
         if material is None:
@@ -304,8 +343,8 @@ class Orchestrator:
     ) -> bool:
         """Join material from the init step (once, while it runs) or from the refresh task sent to
         this very node. Refused material is still acknowledged, so the agent stops resending it."""
-        if command_id.startswith(DRAIN_COMMAND) and not values:
-            return True  # a kubectl task's (empty) answer: its events are what counts
+        if command_id.startswith((DRAIN_COMMAND, LB_COMMAND)) and not values:
+            return True  # a kubectl or backends task's (empty) answer: its events are what counts
         env = node.environment
         state = self._envs.setdefault(env, _EnvState())
         source = self._source(node, step, command_id, state)
@@ -329,7 +368,7 @@ class Orchestrator:
         if source == "refresh":
             state.refresh_id = state.refresh_node = ""
         log.info("join material stored", environment=env, source=source, material=material)
-        self._release_waiters(env)
+        await self._release_waiters(env)
         return True
 
     def _source(self, node: NodeRecord, step: str, command_id: str, state: _EnvState) -> str:
@@ -376,20 +415,86 @@ class Orchestrator:
                 self._envs.setdefault(node_rec.environment, _EnvState()).released_ms[node] = now_ms()
             log.info("gate opened", node=node, gate=JOIN_GATE, control_plane=control_plane)
 
-    def _release_waiters(self, env: str) -> None:
+    async def _release_waiters(self, env: str) -> None:
         state = self._envs.setdefault(env, _EnvState())
         material = self.material(env)
         if material is None:
             return
-        need_cert_key = False
+        need_refresh = need_cert_key = False
         for name, waiter in list(state.waiters.items()):
             if material.usable_for(waiter.control_plane, now_ms()) and material.issued_ms > waiter.newer_than:
+                if waiter.control_plane and not await self._take_join_slot(env, name, waiter.digest):
+                    continue  # another control plane is joining: this one waits its turn
+                if state.waiters.get(name) is not waiter:
+                    continue  # revoked or asked again meanwhile
                 del state.waiters[name]
                 self._release(name, waiter.step, waiter.digest, material, waiter.control_plane)
             else:
+                need_refresh = True
                 need_cert_key = need_cert_key or waiter.control_plane
-        if state.waiters:
+        if need_refresh:
             self._request_refresh(env, cert_key=need_cert_key, force=False)
+
+    # -- control planes join one at a time ----------------------------------------------------
+
+    def join_slot_holder(self, env: str) -> str:
+        """The control plane that holds the environment's join slot now ("" when it is free): it
+        was released and its kubeadm-join has not ended (succeeded, or failed its last attempt)."""
+        raw = self._store.kv_get(_key(env, CP_JOIN_SLOT))
+        if raw is None:
+            return ""
+        slot: dict[str, Any] = json.loads(raw)
+        holder, since = str(slot.get("node", "")), int(slot.get("since_ms", 0))
+        rec = self._live(holder)
+        if rec is None or rec.environment != env:
+            return ""
+        join = next((s for s in self._store.node_steps(holder) if s.name == JOIN_STEP), None)
+        if join is None:
+            return ""  # a plan without a join step now
+        ended = join.state in ("succeeded", "failed", "skipped") and join.updated_ms >= since
+        if join.digest == slot.get("digest") and ended:
+            return ""  # it ended (the event may have come before a controller restart)
+        # (A new plan's join step: the old one may still run; the holder asks again with it.)
+        if now_ms() - since > CP_JOIN_SLOT_S * 1000:
+            log.warning("a control plane held the join slot too long; the next one may join", node=holder)
+            return ""
+        return holder
+
+    async def _take_join_slot(self, env: str, node: str, digest: str) -> bool:
+        """Take (or keep) the join slot for control plane ``node``; False while another holds it."""
+        async with self._slot_lock:
+            holder = self.join_slot_holder(env)
+            if holder and holder != node:
+                log.info("control plane waits while another one joins", node=node, joining=holder)
+                self._recheck_slot_later(env)
+                return False
+            slot = {"node": node, "digest": digest, "since_ms": now_ms()}
+            await self._store.kv_put(_key(env, CP_JOIN_SLOT), json.dumps(slot).encode())
+            return True
+
+    async def _free_join_slot(self, env: str, node: str) -> None:
+        """``node``'s join ended (or it left): the next waiting control plane may join."""
+        async with self._slot_lock:
+            raw = self._store.kv_get(_key(env, CP_JOIN_SLOT))
+            if raw is None or json.loads(raw).get("node") != node:
+                return
+            await self._store.kv_delete(_key(env, CP_JOIN_SLOT))
+        log.info("control plane join ended; the join slot is free", environment=env, node=node)
+        await self._release_waiters(env)
+
+    def _recheck_slot_later(self, env: str) -> None:
+        """A holder that never reports back (its machine died mid-join) frees the slot by time."""
+        state = self._envs.setdefault(env, _EnvState())
+        if state.slot_timer is not None:
+            return
+
+        def fire() -> None:
+            state.slot_timer = None
+            task = asyncio.ensure_future(self._release_waiters(env))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+        state.slot_timer = asyncio.get_running_loop().call_later(CP_JOIN_SLOT_S / 10, fire)
 
     def _request_refresh(self, env: str, *, cert_key: bool, force: bool) -> None:
         state = self._envs.setdefault(env, _EnvState())
@@ -479,13 +584,15 @@ class Orchestrator:
 
     async def on_connect(self, node: NodeRecord) -> None:
         """A node (re)connected: a control plane can now do pending refreshes and labelling."""
+        if self._live(node.name) is not None:
+            self._lb.on_connect(node)  # first: the init node may have been chosen just now
         if self.cluster_spec(node.environment) is None or node.role != Role.CONTROL_PLANE.value:
             return
         if self._live(node.name) is None:
             return
         state = self._envs.get(node.environment)
         if state is not None and state.waiters and self.material(node.environment) is not None:
-            self._release_waiters(node.environment)
+            await self._release_waiters(node.environment)
         self._label_pending(node.environment)
         self._drain.on_connect(node.environment)
 
@@ -493,7 +600,11 @@ class Orchestrator:
         if self.cluster_spec(node.environment) is None:
             return
         self._drain.on_events(node, events)
+        self._lb.on_events(node, events)
         for e in events:
+            ended = e.kind is EventKind.SUCCEEDED or (e.kind is EventKind.FAILED and not e.will_retry)
+            if e.step == JOIN_STEP and ended and node.role == Role.CONTROL_PLANE.value:
+                await self._free_join_slot(node.environment, node.name)
             if e.kind is EventKind.SUCCEEDED and e.step in (INIT_STEP, JOIN_STEP):
                 await self._store.kv_put(_key(node.environment, f"member/{node.name}"), b"1")
                 self._label_pending(node.environment)
@@ -549,12 +660,31 @@ class Orchestrator:
                 ),
             )
 
+    # -- hardware.onDrift: cordon --------------------------------------------------------------
+
+    async def cordon(self, node: str, environment: str, why: str) -> str:
+        """A node whose GPUs drifted (``why``: the conditions raised): a joined control plane runs
+        ``kubectl cordon`` on it (never uncordoned automatically). Says what was done."""
+        if self.cluster_spec(environment) is None:
+            return "no kubeadm cluster (spec.cluster): nothing to cordon"
+        if not self._member(node):
+            return f"{node} has not joined the cluster: nothing to cordon"
+        log.warning("cordoning a node whose GPUs drifted (hardware.onDrift: cordon)", node=node, why=why)
+        return self._drain.cordon(node, environment)
+
+    def _cordoned(self, node: str, ok: bool, message: str) -> None:
+        """The cordon task answered: the node's event stream says so."""
+        line = f"hardware.onDrift cordon: {message}" if ok else f"hardware.onDrift cordon failed: {message}"
+        self._hub.send(node, wire.agent.ControllerMessage(notice=wire.agent.Notice(message=line)))
+
     # -- health and kubeconfig ----------------------------------------------------------------
 
     def health(self, environment: str) -> health.Report:
         spec = self.cluster_spec(environment)
         if spec is None:
-            raise FailedPrecondition(f"environment {environment!r} has no kubeadm cluster (spec.cluster)")
+            raise FailedPrecondition(
+                f"environment {environment!r} has no kubeadm cluster (Kubernetes is not installed by kubeadm)"
+            )
         members: list[health.Member] = []
         views: list[ClusterView] = []
         for n in self._store.list_nodes(environment):
@@ -582,6 +712,15 @@ class Orchestrator:
                         (services[r] for r in ("containerd", "crio", "docker") if r in services), ""
                     ),
                     failure=f"{failed.name}: {failure_text(failed)}" if failed else "",
+                    conditions=tuple(
+                        health.NodeCondition(
+                            str(kind),
+                            str(c.get("reason", "")),
+                            str(c.get("message", "")),
+                            int(c.get("since_ms", 0)),
+                        )
+                        for kind, c in sorted(n.hardware.get("conditions", {}).items())
+                    ),
                 )
             )
         view = max(views, key=lambda v: v.time_ms) if views else None
@@ -605,7 +744,11 @@ class Orchestrator:
         # Cleaned again on the way out: one stored by an older controller was kept as sent.
         clean, _ = sanitise(self._box.open(blob, key).decode())
         doc = yaml.safe_load(base64.b64decode(clean))
-        address = server or self._endpoint(environment)
+        address = (
+            server
+            or self._remote_server(environment)
+            or self._lb.reachable(environment, self._endpoint(environment))
+        )
         if not address:
             raise FailedPrecondition("no API endpoint is known; pass --server HOST:PORT")
         url = address if address.startswith("https://") else f"https://{with_port(address)}"
@@ -616,3 +759,12 @@ class Orchestrator:
     def _endpoint(self, environment: str) -> str:
         material = self.material(environment)
         return material.endpoint if material is not None else ""
+
+    def _remote_server(self, environment: str) -> str:
+        """kubernetes.remoteAccess with K8sEndpointHost: the exported kubeconfig names that host
+        (holodeck rewrites its server to the host it reached the node by)."""
+        env = self._store.get_environment(environment)
+        if env is None:
+            return ""
+        k8s = self._parsed(env).spec.kubernetes
+        return with_port(k8s.endpoint_host) if k8s.remote_access and k8s.endpoint_host else ""

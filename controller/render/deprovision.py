@@ -5,7 +5,8 @@ A node of a kubeadm cluster runs, in order (the anchors: ``k0sctl reset``, ``kub
 1. ``drain``: a gated step; the controller opens it once a control plane ran ``kubectl cordon`` and
    ``drain`` for the node (``tether.controller.cluster.drain``; at once for a node that never joined);
 2. ``kubeadm-reset``: ``kubeadm reset -f`` (it stops the kubelet and, on a control plane, removes
-   the node's etcd member), then the CNI configuration and the kubeconfig tether copied to root;
+   the node's etcd member), then the CNI configuration, the kubeconfig tether copied to root and
+   the node's own API server load balancer (``tether-apiserver-lb``, HA without an endpoint);
 3. ``delete-node``: a gated step; another control plane runs ``kubectl delete node`` (after the
    reset: a kubelet still running would register the node again). The cluster's last control
    plane has nobody to ask, and nothing left to delete from.
@@ -57,6 +58,20 @@ kubeadm reset -f
 rm -rf /etc/cni/net.d
 rm -f /root/.kube/config
 echo "kubeadm reset done"
+# The node's own API server load balancer (highAvailability without an endpoint), if it has one:
+# after kubeadm reset, which may still reach the cluster through it.
+if [ -f /etc/systemd/system/tether-apiserver-lb.service ]; then
+  systemctl disable --now tether-apiserver-lb.service || true
+  rm -f /etc/systemd/system/tether-apiserver-lb.service /usr/local/lib/tether/apiserver-lb.py \
+    /etc/tether/apiserver-backends /etc/tether/apiserver-backends.local
+  rmdir /usr/local/lib/tether 2>/dev/null || true
+  systemctl daemon-reload
+  if grep -q '# tether-apiserver-lb$' /etc/hosts; then
+    hosts=$(grep -v '# tether-apiserver-lb$' /etc/hosts || true)
+    printf '%s\n' "$hosts" >/etc/hosts  # in place: /etc/hosts may be a bind mount
+  fi
+  echo "the API server load balancer (tether-apiserver-lb) is removed"
+fi
 """
 
 

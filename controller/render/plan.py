@@ -17,6 +17,8 @@ Order (holodeck §2, with the microk8s list reset replaced by validation):
 Custom templates keep their YAML order inside a phase and run only on the roles they name.
 With ``spec.rollout.drain`` on a kubeadm cluster node, the disruptive part (kernel to toolkit,
 and every step that reboots) runs between a gated ``drain`` and a gated ``uncordon`` step.
+With ``spec.hardware`` the plan starts with the gated ``hardware-check`` and has
+``hardware-verify`` (and ``gpu-diagnostics``) before its cluster join (``components.hardware``).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from tether.controller.render.components import (
+    apiserver_lb,
     cluster,
     containerd,
     crio,
@@ -31,6 +34,7 @@ from tether.controller.render.components import (
     docker,
     drain,
     driver,
+    hardware,
     kernel,
     kind,
     kubeadm,
@@ -62,7 +66,8 @@ def _kubernetes(inp: RenderInput) -> list[Step]:
     if not inp.spec.kubernetes.install:
         return []
     installers: dict[str, Section] = {
-        "kubeadm": lambda i: kubeadm.steps(i) + cluster.steps(i),
+        # HA without an endpoint: the node's own API server load balancer, before init/join.
+        "kubeadm": lambda i: kubeadm.steps(i) + apiserver_lb.steps(i) + cluster.steps(i),
         "kind": kind.steps,
         "microk8s": microk8s.steps,
     }
@@ -95,8 +100,10 @@ def render(spec: EnvironmentSpec, node: NodeContext) -> Plan:
     target, reason = target_of(node.facts, spec.kubernetes.arch)
     if target is None:
         return Plan.build([unsupported(reason)], environment=spec.name, role=node.role)
+    node = cluster.single_node_default(spec, node)
     inp = RenderInput(spec=spec, node=node, target=target)
     steps: list[Step] = []
     for section in SECTIONS:
         steps.extend(section(inp))
-    return Plan.build(drain.wrap(inp, steps), environment=spec.name, role=node.role)
+    steps = hardware.wrap(inp, drain.wrap(inp, steps))
+    return Plan.build(steps, environment=spec.name, role=node.role)

@@ -34,6 +34,11 @@ LABEL_PREFIX_RE = re.compile(
 FEATURE_GATE_RE = re.compile(r"^([A-Za-z][A-Za-z0-9]{0,99})=(true|false)$")
 PACKAGE_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9+._-]{0,99}$")
 LOCAL_PATH_RE = re.compile(r"^[A-Za-z0-9._/-]{1,4096}$")
+# [registry[:port]/]name[/name...][:tag][@sha256:digest], as docker and crictl accept them.
+IMAGE_REF_RE = re.compile(
+    r"^(?=.{1,255}\Z)(?:[A-Za-z0-9][A-Za-z0-9.-]*(?::[0-9]{1,5})?/)?[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+    r"(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[a-f0-9]{64})?$"
+)
 SUITE_RE = re.compile(r"^(\./|[A-Za-z0-9][A-Za-z0-9._/-]{0,99})$")
 COMPONENT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 ARMORED_KEY_RE = re.compile(
@@ -164,6 +169,10 @@ def check_package_name(value: str) -> str:
 
 def check_suite(value: str) -> str:
     return "" if SUITE_RE.fullmatch(value) else "not a suite"
+
+
+def check_image_ref(value: str) -> str:
+    return "" if IMAGE_REF_RE.fullmatch(value) else "not a container image reference"
 
 
 def check_local_path(value: str) -> str:

@@ -1,7 +1,9 @@
 """Reader for ``spec.cluster`` (holodeck's ClusterSpec): pools, labels, high availability.
 
 Cloud fields (region, instance types, images, volume sizes) are accepted and ignored with a
-note; the pools' counts, labels and the HA endpoint are what cluster orchestration uses.
+note; the pools' counts, labels and the HA endpoint are what cluster orchestration uses. HA without
+an endpoint (holodeck's files: holodeck creates an AWS NLB) is accepted with a note: every node then
+runs its own load balancer (``tether.controller.cluster.apiserver_lb``).
 """
 
 from __future__ import annotations
@@ -12,6 +14,12 @@ from tether.controller.spec.reader import Section
 
 CLOUD = "ignored: tether adopts machines that exist"
 MAX_CONTROL_PLANES = 7
+# (The name and port are tether.controller.cluster.context's LOCAL_LB_*; that module imports this
+# package, so they are spelled out here and a unit test keeps the two the same.)
+LOCAL_LB_NOTE = (
+    "none: every node runs its own load balancer in front of the control planes "
+    "(tether-apiserver-lb on 127.0.0.1:7443); kubeadm's endpoint is apiserver.tether.internal:7443"
+)
 
 
 def _host_port(value: str) -> str:
@@ -54,16 +62,14 @@ def cluster(spec: Section) -> ClusterSpec | None:
         if topology == "external":
             ha_sec.problems.add(ha_sec.path_of("etcdTopology"), "external etcd is not supported")
         ha_sec.ignore(
-            "loadBalancerType", "ignored: tether uses the load balancer at highAvailability.endpoint"
+            "loadBalancerType",
+            "ignored: tether creates no cloud load balancer; it uses highAvailability.endpoint, or "
+            "without one a load balancer on every node",
         )
         if enabled and control.count < 3:
             ha_sec.problems.add(ha_sec.path_of("enabled"), "high availability needs controlPlane.count >= 3")
         if enabled and not endpoint:
-            ha_sec.problems.add(
-                ha_sec.path_of("endpoint"),
-                "required with high availability: the load balancer (host or host:port) in front of "
-                "the API servers; tether creates none",
-            )
+            ha_sec.problems.note(ha_sec.path_of("endpoint"), LOCAL_LB_NOTE)
         ha_sec.finish()
         ha = HighAvailability(enabled=enabled, endpoint=endpoint, etcd_topology="stacked")
     sec.finish()

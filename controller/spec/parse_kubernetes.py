@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tether.controller.spec import checks, defaults
+from tether.controller.spec import checks, defaults, kubeadm_template
 from tether.controller.spec.model import INSTALLERS, KubernetesSpec
 from tether.controller.spec.parse_components import git_source, legacy
 from tether.controller.spec.reader import Section
@@ -23,10 +23,16 @@ def _config(sec: Section, name: str) -> str:
                 "a file on the operator's machine: apply it with tetherctl, which inlines it "
                 f"(as {name}Content)",
             )
-    if "{{" in content:
+    if name == "kubeAdmConfig":  # holodeck runs it as a Go template: its four placeholders only
+        reason = kubeadm_template.check(content)
+        if reason:
+            sec.problems.add(sec.path_of(f"{name}Content"), reason)
+            return ""
+    elif "{{" in content:
         sec.problems.add(
             sec.path_of(f"{name}Content"),
-            "holodeck's Go-template placeholders are not expanded by tether: write the values in",
+            "holodeck does not expand Go templates in this file, and neither does tether: write the "
+            "values in",
         )
         return ""
     return content
@@ -71,8 +77,14 @@ def kubernetes(spec: Section) -> KubernetesSpec:
             gates.append(item)
     sec.ignore("Features", "ignored: holodeck never used this field")
     sec.ignore("KubeletReleaseVersion", "ignored: tether installs the kubelet unit itself")
-    sec.ignore("kubeConfig", "ignored: fetch the kubeconfig with tetherctl")
-    sec.ignore("remoteAccess", "ignored: fetch the kubeconfig with tetherctl")
+    kube_config = sec.string("kubeConfig", check=checks.check_local_path)
+    remote_access = sec.boolean("remoteAccess")
+    if installer != "kubeadm":
+        for name in ("kubeConfig", "remoteAccess"):
+            if sec.has(name):
+                sec.problems.note(
+                    sec.path_of(name), "ignored: only kubeadm clusters export a kubeconfig (tetherctl)"
+                )
     arch = sec.string("Arch")
     if arch and arch not in ("amd64", "arm64"):
         sec.problems.add(sec.path_of("Arch"), "must be amd64 or arm64")
@@ -92,6 +104,8 @@ def kubernetes(spec: Section) -> KubernetesSpec:
         endpoint_host=sec.string("K8sEndpointHost", check=checks.check_host),
         kubeadm_config=_config(sec, "kubeAdmConfig"),
         kind_config=_config(sec, "kindConfig"),
+        remote_access=remote_access,
+        kube_config=kube_config,
     )
     sec.finish()
     return result

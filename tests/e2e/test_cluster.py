@@ -10,13 +10,16 @@ under systemd). Proven here:
 * after the join material expired (on the cluster and at the controller), a new worker joins by
   refresh, without any operator action;
 * 3 control planes (HA, endpoint = a load balancer on the bridge) + 1 worker reach Available, the
-  extra control planes joined with the certificate key;
+  extra control planes joined with the certificate key, one at a time (their join windows, from
+  the events, do not overlap);
 * the token and the certificate key never appear in any event, log, or store dump (canary).
 """
 
 from __future__ import annotations
 
 import base64
+import datetime as dt
+import itertools
 import json
 import os
 import subprocess
@@ -78,6 +81,11 @@ def environment(
         },
     }
     return str(yaml.safe_dump(doc, sort_keys=False))
+
+
+def seconds(rfc3339: str) -> float:
+    """An event's RFC 3339 time in seconds since the epoch."""
+    return dt.datetime.fromisoformat(rfc3339.replace("Z", "+00:00")).timestamp()
 
 
 class Lab:
@@ -397,6 +405,18 @@ def test_three_control_planes_behind_a_load_balancer_and_a_worker(
         assert [
             e["kind"] for e in lab.step_events(node, "kubeadm-join") if e["kind"] in ("succeeded", "failed")
         ] == ["succeeded"]
+    # Control planes joined one at a time: no two kubeadm-join windows (first start to success) overlap.
+    windows = sorted(
+        (
+            min(seconds(e["time"]) for e in events if e["kind"] == "started"),
+            max(seconds(e["time"]) for e in events if e["kind"] == "succeeded"),
+            node,
+        )
+        for node in sorted({"node1", "node2", "node3"} - {init})
+        for events in [lab.step_events(node, "kubeadm-join")]
+    )
+    for (_, first_done, first), (second_start, _, second) in itertools.pairwise(windows):
+        assert first_done <= second_start, f"{first} and {second} joined at the same time: {windows}"
     assert_no_secret_anywhere(
         lab, "ha", [material.token, material.cert_key], ["node1", "node2", "node3", "node4"]
     )

@@ -50,9 +50,24 @@ def test_plan_previews_each_cluster_position(controller: Controller, tmp_path: P
 
 
 def test_a_position_needs_a_kubeadm_cluster(controller: Controller, tmp_path: Path) -> None:
+    # Without spec.cluster, kubeadm makes a single node a cluster of one: its positions preview too.
     (tmp_path / "plain.yaml").write_text(DOC.replace("name: preview", "name: plain").split("  cluster:")[0])
     controller.ctl("env", "apply", "-f", str(tmp_path / "plain.yaml"))
-    out = controller.ctl("plan", "--env", "plain", "--cluster-position", "worker", check=False)
-    assert out.returncode != 0 and "needs a kubeadm cluster" in out.stderr
+    plan = json.loads(
+        controller.ctl("plan", "--env", "plain", "-o", "json", "--cluster-position", "init").stdout
+    )
+    assert [s["name"] for s in plan["steps"]][-3:] == ["kubeadm-init", "calico", "kubernetes-ready"]
+    plan = json.loads(
+        controller.ctl("plan", "--env", "plain", "-o", "json", "--cluster-position", "worker").stdout
+    )
+    assert [s["name"] for s in plan["steps"]][-1] == "kubeadm-join"
+    kind = DOC.replace("name: preview", "name: kind").split("  cluster:")[0]
+    kind = kind.replace(
+        "containerRuntime: {install: true}", "containerRuntime: {install: true, name: docker}"
+    )
+    (tmp_path / "kind.yaml").write_text(kind.replace("installer: kubeadm", "installer: kind"))
+    controller.ctl("env", "apply", "-f", str(tmp_path / "kind.yaml"))
+    out = controller.ctl("plan", "--env", "kind", "--cluster-position", "worker", check=False)
+    assert out.returncode != 0 and "needs Kubernetes installed by kubeadm" in out.stderr
     out = controller.ctl("plan", "--node", "n1", "--cluster-position", "worker", check=False)
     assert out.returncode != 0 and "previews an environment" in out.stderr

@@ -1,4 +1,7 @@
-"""kubeadm cluster steps (spec.cluster): init on the chosen control plane, gated joins elsewhere.
+"""kubeadm cluster steps: init on the chosen control plane, gated joins elsewhere.
+
+With ``spec.cluster`` or without it: a single-node kubeadm environment is a cluster of one, its
+control plane the init node (plus holodeck's single-node ``kubernetes-ready`` step after Calico).
 
 Rendered after the kubeadm install step when the node has a ``ClusterContext``. Nothing
 secret is in any script: the join material arrives as secret environment values of the
@@ -14,16 +17,34 @@ from typing import Any
 import yaml
 
 from tether.controller.cluster import material
-from tether.controller.cluster.context import INIT_STEP, JOIN_GATE, JOIN_STEP, Position
+from tether.controller.cluster.context import (
+    INIT_STEP,
+    JOIN_GATE,
+    JOIN_STEP,
+    Position,
+    cluster_of,
+    context_for,
+)
 from tether.controller.render.components import kubeadm, kubeadm_config
+from tether.controller.render.context import NodeContext
 from tether.controller.render.shell import q
 from tether.controller.render.steps import RenderInput, make_step
+from tether.controller.spec.model import EnvironmentSpec
 from tether.nodeagent.model import Step
 
 # Filled in on the node, where the address is known (the agent exports TETHER_NODE_IP and TETHER_NODE).
 ADVERTISE = "@ADVERTISE_ADDRESS@"
 ENDPOINT = "@CONTROL_PLANE_ENDPOINT@"
 NODE_NAME = "@NODE_NAME@"
+NODE_SANS = "@NODE_SANS@"  # kubernetes.remoteAccess: one list item that becomes this node's addresses
+
+
+def extra_sans(inp: RenderInput, sans: list[str]) -> list[str]:
+    """K8sEndpointHost (the name operators reach the API by, as in holodeck's single node) and, with
+    ``kubernetes.remoteAccess``, every address and name of the init node (filled in on the node)."""
+    k8s = inp.spec.kubernetes
+    extra = [k8s.endpoint_host] if k8s.endpoint_host and k8s.endpoint_host not in sans else []
+    return extra + ([NODE_SANS] if k8s.remote_access else [])
 
 
 def init_config(inp: RenderInput) -> str:
@@ -43,6 +64,7 @@ def init_config(inp: RenderInput) -> str:
             sans = [ADVERTISE]
             if cluster.ha_endpoint:
                 sans.insert(0, cluster.ha_endpoint.rsplit(":", 1)[0].strip("[]"))
+            sans += extra_sans(inp, sans)
             doc.setdefault("apiServer", {})["certSANs"] = sans
     return str(yaml.safe_dump_all(docs, sort_keys=False))
 
@@ -67,6 +89,7 @@ def init_step(inp: RenderInput) -> Step:
         env={"TETHER_KUBEADM_CONFIG": init_config(inp), "HA_ENDPOINT": cluster.ha_endpoint},
         context={
             "upload_certs": cluster.upload_certs,
+            "node_sans": kubeadm_config.config_text(inp)[1] == "generated" and k8s.remote_access,
             "built": k8s.source != "release",
             "token_ttl": q(str(material.DEFAULT_TOKEN_TTL_S)),
         },
@@ -104,5 +127,17 @@ def steps(inp: RenderInput) -> list[Step]:
     if cluster is None:
         return []
     if cluster.position is Position.INIT:
-        return [init_step(inp), *kubeadm.bootstrap_steps(inp)[1:2]]  # and Calico, once, from here
+        out = [init_step(inp), kubeadm.calico_step(inp)]  # and Calico, once, from here
+        if inp.spec.cluster is None:
+            out.append(kubeadm.ready_step(inp))  # a single node: untaint, label, wait (holodeck's)
+        return out
     return [join_step(inp)]
+
+
+def single_node_default(spec: EnvironmentSpec, node: NodeContext) -> NodeContext:
+    """A node without a cluster position (an offline render) of a single-node kubeadm environment:
+    its control plane is the init node of its cluster of one, as the controller would make it."""
+    if node.cluster is not None or node.role != Position.INIT.role or spec.cluster is not None:
+        return node
+    cluster = cluster_of(spec)
+    return node if cluster is None else replace(node, cluster=context_for(cluster, Position.INIT))

@@ -1,5 +1,6 @@
 """Docker Engine from Docker's repository (the distribution's on Amazon Linux), or dockerd built
-from git / a branch tip over the packaged engine; plus cri-dockerd when kubeadm needs a CRI."""
+from git / a branch tip over the packaged engine; with ``containerRuntime.smokeTest`` a
+``docker run --rm hello-world`` after it; plus cri-dockerd when kubeadm needs a CRI."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from tether.controller.render.shell import q
 from tether.controller.render.steps import RenderInput, make_step
 from tether.controller.spec import defaults
 from tether.nodeagent.model import Step
+
+SMOKE_TEST_IMAGE = "hello-world"
 
 
 def steps(inp: RenderInput) -> list[Step]:
@@ -42,10 +45,29 @@ def steps(inp: RenderInput) -> list[Step]:
             context=context,
         )
     ]
+    if rt.smoke_test:
+        out.append(_smoke_test(inp))
     k8s = inp.spec.kubernetes
     if k8s.install and k8s.installer == "kubeadm":
         out.append(_cri_dockerd(inp))
     return out
+
+
+def _smoke_test(inp: RenderInput) -> Step:
+    """containerRuntime.smokeTest: holodeck runs ``docker run hello-world`` after every Docker
+    install; tether does when the spec asks (the image must be reachable from the node)."""
+    image = inp.spec.runtime.smoke_test_image or SMOKE_TEST_IMAGE
+    return make_step(
+        inp,
+        name="docker-smoke-test",
+        component="docker",
+        phase="runtime",
+        template="docker_smoke_test.j2",
+        timeout=600,
+        requested={"image": image},
+        description=f"docker run --rm {image}: Docker runs a real container",
+        context={"image": q(image)},
+    )
 
 
 def _cri_dockerd(inp: RenderInput) -> Step:

@@ -1,8 +1,7 @@
 """Kubernetes with kubeadm: packages from pkgs.k8s.io (release) or a source build (git, latest)
-on every node; on a single-node environment's control plane also init, Calico and readiness.
-
-When ``spec.cluster`` is set, init and joins belong to cluster orchestration, which adds its
-own steps after these; this module then renders the install step only.
+on every node. Init and joins belong to cluster orchestration (``components.cluster``), with or
+without ``spec.cluster`` (a single node is a cluster of one); Calico and the single node's
+readiness step are rendered from here for it.
 """
 
 from __future__ import annotations
@@ -60,58 +59,44 @@ def install_step(inp: RenderInput) -> Step:
     )
 
 
-def bootstrap_steps(inp: RenderInput) -> list[Step]:
-    """Single-node control plane: kubeadm init, Calico, then untaint, label and wait."""
+def calico_step(inp: RenderInput) -> Step:
+    """Calico, once, from the init node (``components.cluster``)."""
     k8s = inp.spec.kubernetes
-    config, origin = kubeadm_config.config_text(inp)
     calico_version = k8s.calico_version or defaults.CALICO_VERSION
     operator = downloads.calico_manifest(calico_version, "tigera-operator.yaml")
     resources = downloads.calico_manifest(calico_version, "custom-resources.yaml")
-    return [
-        make_step(
-            inp,
-            name="kubeadm-init",
-            component="kubernetes",
-            phase="kubernetes",
-            template="kubeadm_init.j2",
-            timeout=1800,
-            requested={"version": k8s.version if k8s.source == "release" else "built", "config": origin},
-            description="kubeadm init with the generated or the user's configuration",
-            env={"TETHER_KUBEADM_CONFIG": config},
-            context={"built": k8s.source != "release"},
-        ),
-        make_step(
-            inp,
-            name="calico",
-            component="calico",
-            phase="kubernetes",
-            template="calico.j2",
-            timeout=1800,
-            requested={"version": calico_version},
-            description="Calico through the tigera operator (host network until the CNI is up)",
-            context={
-                "version": q(calico_version),
-                "operator_url": q(operator.url),
-                "operator_check": q(operator.check),
-                "resources_url": q(resources.url),
-                "resources_check": q(resources.check),
-            },
-        ),
-        make_step(
-            inp,
-            name="kubernetes-ready",
-            component="kubernetes",
-            phase="kubernetes",
-            template="kubernetes_ready.j2",
-            timeout=900,
-            requested={"labels": "node-role.kubernetes.io/worker, tether.dev/managed"},
-            description="untaints and labels the node, waits for it and for CoreDNS",
-        ),
-    ]
+    return make_step(
+        inp,
+        name="calico",
+        component="calico",
+        phase="kubernetes",
+        template="calico.j2",
+        timeout=1800,
+        requested={"version": calico_version},
+        description="Calico through the tigera operator (host network until the CNI is up)",
+        context={
+            "version": q(calico_version),
+            "operator_url": q(operator.url),
+            "operator_check": q(operator.check),
+            "resources_url": q(resources.url),
+            "resources_check": q(resources.check),
+        },
+    )
+
+
+def ready_step(inp: RenderInput) -> Step:
+    """holodeck's last single-node step: untaint and label the node, wait for it and for CoreDNS."""
+    return make_step(
+        inp,
+        name="kubernetes-ready",
+        component="kubernetes",
+        phase="kubernetes",
+        template="kubernetes_ready.j2",
+        timeout=900,
+        requested={"labels": "node-role.kubernetes.io/worker, tether.dev/managed"},
+        description="untaints and labels the node, waits for it and for CoreDNS",
+    )
 
 
 def steps(inp: RenderInput) -> list[Step]:
-    out = [install_step(inp)]
-    if inp.spec.cluster is None and inp.node.role == "control-plane":
-        out.extend(bootstrap_steps(inp))
-    return out
+    return [install_step(inp)]

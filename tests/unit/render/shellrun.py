@@ -41,7 +41,13 @@ def run_bash(
         **(env or {}),
     }
     return subprocess.run(
-        ["bash", str(script)], capture_output=True, text=True, env=full_env, timeout=timeout, check=False
+        ["bash", str(script)],
+        stdin=subprocess.DEVNULL,  # a script never reads the test runner's input
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=timeout,
+        check=False,
     )
 
 

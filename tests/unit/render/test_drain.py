@@ -149,8 +149,15 @@ def test_a_preview_gets_the_context_the_orchestrator_gives_that_position() -> No
     assert preview_context(spec, "") is None
     with pytest.raises(ValueError, match="unknown cluster position 'leader'"):
         preview_context(spec, "leader")
-    with pytest.raises(ValueError, match="needs a kubeadm cluster"):
-        preview_context(load_document(scenarios.HEAD + "  kubernetes: {install: true}\n").spec, "worker")
+    kind = load_document(
+        scenarios.HEAD + "  kubernetes: {install: true, installer: kind}\n"
+        "  containerRuntime: {install: true, name: docker}\n"
+    ).spec
+    with pytest.raises(ValueError, match="needs Kubernetes installed by kubeadm"):
+        preview_context(kind, "worker")
+    # Without spec.cluster, kubeadm makes a cluster of one: its positions are those of any cluster.
+    single = load_document(scenarios.HEAD + "  kubernetes: {install: true}\n").spec
+    assert preview_context(single, "init") == ClusterContext(Position.INIT)
 
 
 def _render(tmp_path: Path, capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
@@ -191,6 +198,9 @@ def test_env_render_refuses_a_position_without_a_cluster(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = tmp_path / "env.yaml"
-    path.write_text(scenarios.HEAD + "  kubernetes: {install: true}\n")
+    kind = (
+        "  kubernetes: {install: true, installer: kind}\n  containerRuntime: {install: true, name: docker}\n"
+    )
+    path.write_text(scenarios.HEAD + kind)
     assert main(["env", "render", "-f", str(path), "--cluster-position", "worker"]) != 0
-    assert "needs a kubeadm cluster" in capsys.readouterr().err
+    assert "needs Kubernetes installed by kubeadm" in capsys.readouterr().err

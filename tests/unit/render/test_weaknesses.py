@@ -435,7 +435,8 @@ def test_steps_that_need_root_refuse_to_run_without_it(tmp_path: Path) -> None:
 
 def test_kubeadm_probe_reads_admin_conf_not_the_callers_home(tmp_path: Path) -> None:
     """§8.14: the early exit looks at /etc/kubernetes/admin.conf explicitly, so an initialised
-    control plane is found whatever $HOME is, and kubeadm init is not run again."""
+    control plane is found whatever $HOME is, and kubeadm init is not run again (a single node is
+    a cluster of one: its kubeadm-init hands out fresh join material and the kubeconfig instead)."""
     step = scenarios.plan_for("kubeadm-release", "ubuntu-22.04").step("kubeadm-init")
     assert step is not None
     script = _runnable(step.script, tmp_path, "/etc/kubernetes/", "/root/", "/var/lib/tether/")
@@ -445,23 +446,31 @@ def test_kubeadm_probe_reads_admin_conf_not_the_callers_home(tmp_path: Path) -> 
     home = tmp_path / "home" / "someone"
     home.mkdir(parents=True)
     stubs = {
-        "kubectl": (
-            f'[[ $KUBECONFIG == {admin} ]] || {{ echo "kubectl without admin.conf" >&2; return 1; }}; '
-            '[[ $* != *"/version"* ]] || echo \'{"gitVersion": "v1.33.4"}\''
+        "kubectl": f'[[ $KUBECONFIG == {admin} ]] || {{ echo "kubectl without admin.conf" >&2; return 1; }}',
+        "kubeadm": (
+            'echo "kubeadm $*" >>"$TETHER_WORKDIR/calls"; [[ $1 != version ]] || echo v1.33.4; '
+            "[[ $1 != token ]] || echo abcdef.0123456789abcdef"
         ),
-        "kubeadm": 'echo "kubeadm $*" >>"$TETHER_WORKDIR/calls"',
+        "openssl": "cat >/dev/null; echo public-key",  # reads its pipe: no SIGPIPE upstream
     }
-    env = {**step.env, "HOME": str(home)}
+    env = {
+        **step.env,
+        "HOME": str(home),
+        "TETHER_NODE_IP": "10.0.0.2",
+        "TETHER_NODE": "node1",
+        "TETHER_SECRETS_OUT": str(tmp_path / "secrets"),
+        "TETHER_OUTPUTS": str(tmp_path / "outputs"),
+    }
     out = run_bash(tmp_path, script, stubs=stubs, env=env)
     assert out.returncode == 0, out.stderr
     assert "already initialized" in out.stdout
     assert "init" not in _calls(tmp_path)
     assert (tmp_path / "root" / ".kube" / "config").read_text() == "admin-kubeconfig\n"
     assert shellrun.provenance(tmp_path)["kubernetes.server"] == "v1.33.4"
+    assert "ADMIN_KUBECONFIG_B64=" in (tmp_path / "secrets").read_text()
+    assert "JOIN_ENDPOINT=10.0.0.2:6443" in (tmp_path / "outputs").read_text()
     # admin.conf is there but the API server does not answer: fail loudly, never init over it.
-    quick = script.replace("wait_for 180 ", "wait_for 1 ")
-    assert quick != script
-    out = run_bash(tmp_path, quick, stubs={**stubs, "kubectl": "return 1", "sleep": "true"}, env=env)
+    out = run_bash(tmp_path, script, stubs={**stubs, "kubectl": "return 1", "sleep": "true"}, env=env)
     assert out.returncode == 1
     assert "exists but the API server does not answer" in out.stderr
     assert "init" not in _calls(tmp_path)
