@@ -198,7 +198,7 @@ class HardwareGate:
     async def release(self, node: NodeRecord, by: str) -> None:
         """Let a quarantined node go on once (FailedPrecondition when it is not quarantined)."""
         async with self._lock(node.name):
-            current = self._live(node.name)
+            current = await self._quarantined(node.name)
             quarantine = current.hardware.get("quarantine") if current is not None else None
             if current is None or not quarantine:
                 raise FailedPrecondition(f"node {node.name!r} is not quarantined")
@@ -224,6 +224,23 @@ class HardwareGate:
             # Offline, it asks again when it reconnects, and the gate opens then (``_decide``).
 
     # -- helpers --------------------------------------------------------------------------------
+
+    async def _quarantined(self, name: str) -> NodeRecord | None:
+        """The node's live record; a ``gpu-diagnostics`` failure whose events were stored but never
+        judged (the controller stopped in between) is judged now, so it can be released."""
+        current = self._live(name)
+        if current is None or current.hardware.get("quarantine"):
+            return current
+        failed = next(
+            (s for s in self._store.node_steps(name) if s.name == DIAGNOSTICS_STEP and s.state == "failed"),
+            None,
+        )
+        if failed is not None:
+            found = failed.observed.get("diagnostics.result") or failed.message or f"exit {failed.exit_code}"
+            event = Event(kind=EventKind.FAILED, step=failed.name, digest=failed.digest, message=found)
+            await self._verdicts.quarantine(current, failed.name, failed.digest, diagnostics_failed(event))
+            current = self._live(name)
+        return current
 
     def _live(self, name: str) -> NodeRecord | None:
         rec = self._store.get_node(name)

@@ -313,3 +313,15 @@ async def test_the_gate_and_the_drift_watch_never_overwrite_each_others_keys(lab
     assert set(lab.record().hardware) == {"quarantine", "conditions"}
     await lab.store.patch_node_hardware("gpu-1", {"quarantine": None})
     assert set(lab.record().hardware) == {"conditions"}
+
+
+async def test_failed_diagnostics_never_judged_before_a_restart_can_still_be_released(lab: Lab) -> None:
+    await lab.node()
+    digest = lab.digest(DIAGNOSTICS_STEP)
+    failed = Event(kind=EventKind.FAILED, step=DIAGNOSTICS_STEP, digest=digest, seq=1, exit_code=1)
+    await lab.store.append_events("gpu-1", [failed])  # stored and acked; the controller died then
+    assert "quarantine" not in lab.record().hardware
+    await lab.gate.release(lab.record(), "carol")
+    msgs = lab.sent()
+    assert [m.command.rerun.steps for m in msgs if m.HasField("command")] == [[DIAGNOSTICS_STEP]]
+    assert lab.record().hardware["released"]["by"] == "carol"
