@@ -9,20 +9,24 @@ the kernel (pre-install) and one after it (post-install). The production kernel 
 scripts run unchanged: apt installs the packages, the step makes the kernel grub's default and asks for
 the reboot; kernel-verify passes only if the node then booted grub's default (``uname -r``).
 
-Shown from the controller's events and the node:
+Shown from the controller's events, the agent's step journal and the node:
 
 * the kernel step's INFO "rebooting to finish the step", then the node really reboots (the testbed's
-  nspawn exits 133 once and comes back; a new boot id), then the step's SUCCEEDED "node rebooted; step
-  complete" with no step started in between;
-* kernel-verify starts after the new boot began (event time after the boot's start), on the new boot
-  id, and finds the pinned kernel running; the step after it runs on the new boot id too;
+  nspawn exits 133 once and comes back; a new boot id; the old boot's /run is gone), then the step's
+  SUCCEEDED "node rebooted; step complete" with no step started in between;
+* kernel-verify ran once, on the new boot: its only STARTED event (time-stamped by the agent when it
+  queued it) is later than the new boot's init started, so the old boot's agent (dead by then) did not
+  start it; and the agent's step journal on the node records its result under the new boot id (the
+  agent's boot id is read once, when its process starts, and no process outlives a boot). It finds the
+  pinned kernel running. The journal puts the kernel step's resume and the after-step on the new boot id
+  and the before-step on the old one, and the after-step prints the new boot id itself;
 * nothing before the kernel step runs again: each step has exactly one STARTED event, none is skipped
   or failed, the before-step ran once on the old boot id; events are numbered 1..N without a gap;
 * the controller's facts for the node carry the new boot id.
 
-The before-step waits for ``tetherctl bootstrap`` to have written its marker (the last thing it does
-over SSH): a node that reboots a few seconds after enrolling would otherwise cut the bootstrap's
-verification short (its SSH session to a rebooting machine).
+The before-step holds the reboot back until the test has seen ``tetherctl bootstrap`` return (the test
+then creates ``GO`` on the node): a node that rebooted while the bootstrap still did its SSH work would
+cut it short. The step fails, saying why, when that signal does not come within ``GO_WAIT`` seconds.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import datetime as dt
 import json
 import urllib.request
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -56,18 +61,25 @@ STEPS = [
     "custom-after-kernel",
 ]
 BOOTS = "/var/lib/tether-e2e/boots"  # one line per run of the custom steps: "<step> <boot id>"
+GO = "/run/tether-e2e-go"  # the test creates it once `tetherctl bootstrap` has returned (gone at reboot)
+GO_WAIT = 300  # seconds the before-step waits for GO, then fails
+AGENT_DB = "/var/lib/tether/state.db"  # the agent's state: its step journal records each step's boot id
 
 BEFORE = f"""\
 boot=$(cat /proc/sys/kernel/random/boot_id)
 echo "before-kernel on boot $boot"
 mkdir -p {Path(BOOTS).parent}
 echo "before-kernel $boot" >>{BOOTS}
-# (test only) the next step reboots the node: let tetherctl bootstrap finish its SSH work first
-for _ in $(seq 240); do
-  grep -qs '"state": "installed"' /var/lib/tether/bootstrap.json && break
+# (test only) the next step reboots the node: not before the test says tetherctl bootstrap returned
+deadline=$((SECONDS + {GO_WAIT}))
+until [ -e {GO} ]; do
+  if [ "$SECONDS" -ge "$deadline" ]; then
+    echo "ERROR: no {GO} after {GO_WAIT} s: the test never said tetherctl bootstrap returned" >&2
+    exit 1
+  fi
   sleep 0.5
 done
-sleep 1
+echo "tetherctl bootstrap has returned ({GO}); the kernel step may reboot"
 """
 
 AFTER = f"""\
@@ -124,6 +136,20 @@ def boot_started(bed: Testbed) -> float:
     return float(bed.exec(NODE, ["python3", "-c", script]).stdout)
 
 
+def journal(bed: Testbed) -> dict[str, tuple[str, str]]:
+    """The agent's step journal on the node, read-only: ``{step: (state, boot id of its last record)}``
+    (a step's current entry is its newest row, as in ``nodeagent/journal.py``)."""
+    script = (
+        "import json, sqlite3\n"
+        f"db = sqlite3.connect('file:{AGENT_DB}?mode=ro', uri=True)\n"
+        "rows = db.execute('SELECT step, state, boot_id FROM journal j WHERE NOT EXISTS'\n"
+        "                  ' (SELECT 1 FROM journal o WHERE o.step = j.step AND o.rowid > j.rowid)')\n"
+        "print(json.dumps({step: [state, boot] for step, state, boot in rows}))\n"
+    )
+    found = json.loads(bed.exec(NODE, ["python3", "-c", script]).stdout)
+    return {step: (state, boot) for step, (state, boot) in found.items()}
+
+
 def describe(lab: Lab) -> dict[str, Any]:
     return json.loads(lab.ctl("node", "describe", NODE, "-o", "json").stdout)  # type: ignore[no-any-return]
 
@@ -142,8 +168,125 @@ def provisioned(lab: Lab) -> dict[str, Any]:
         raise AssertionError(f"{exc}\n{lab.summary([NODE])}") from None
 
 
-def text(events: list[dict[str, Any]]) -> str:
-    return "\n".join(line for e in events for line in [e["message"], *e["lines"]] if line)
+@dataclass(frozen=True)
+class Events:
+    """The node's events as the controller has them."""
+
+    all: list[dict[str, Any]]
+
+    @property
+    def summary(self) -> str:
+        """One line per event but output (for failure messages)."""
+        return "\n".join(
+            f"{e['seq']:>3} {e['time']} {e['step'] or '-':<22} {e['kind']:<9} {e['message']}"
+            for e in self.all
+            if e["kind"] != "output"
+        )
+
+    def of(self, step: str, kind: str | None = None) -> list[dict[str, Any]]:
+        return [e for e in self.all if e["step"] == step and (kind is None or e["kind"] == kind)]
+
+    def only(self, step: str, kind: str) -> dict[str, Any]:
+        found = self.of(step, kind)
+        assert len(found) == 1, f"{step}: {len(found)} {kind} events\n{self.summary}"
+        return found[0]
+
+    def text(self, step: str) -> str:
+        """The step's messages and output lines."""
+        return "\n".join(line for e in self.of(step) for line in [e["message"], *e["lines"]] if line)
+
+
+@dataclass(frozen=True)
+class Boots:
+    first: str  # the boot id before the plan
+    new: str  # the boot id once the node is provisioned
+    new_started: float  # when the new boot's init started (epoch seconds)
+
+
+def check_each_step_once(lab: Lab, events: Events) -> None:
+    """Events numbered 1..N without a gap; the plan's steps, each started exactly once; nothing failed
+    or was skipped."""
+    assert [e["seq"] for e in events.all] == list(range(1, len(events.all) + 1)), events.summary
+    assert [s["name"] for s in describe(lab)["steps"]] == STEPS
+    for step in STEPS:
+        started = events.of(step, "started")
+        assert len(started) == 1, f"{step} started {len(started)} times\n{events.summary}"
+    assert not [e for e in events.all if e["kind"] in ("failed", "skipped")], events.summary
+
+
+def check_kernel_step(events: Events) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Installed, asked for the reboot (INFO), and succeeded only after the boot, with nothing in
+    between; returns the INFO and the SUCCEEDED events."""
+    kernel = [e for e in events.of("kernel") if e["kind"] != "output"]
+    assert [e["kind"] for e in kernel] == ["started", "info", "succeeded"], events.summary
+    rebooting, done = kernel[1], kernel[2]
+    assert rebooting["message"] == "rebooting to finish the step", rebooting
+    assert done["message"] == "node rebooted; step complete", done
+    output = events.text("kernel")
+    assert f"kernel {KERNEL} installed and set as the boot default" in output, output[-3000:]
+    between = [e for e in events.all if rebooting["seq"] < e["seq"] < done["seq"] and e["kind"] != "output"]
+    assert between == [], events.summary  # nothing ran between the reboot request and the resume
+    return rebooting, done
+
+
+def check_rebooted_once(
+    lab: Lab, boots: Boots, events: Events, rebooting: dict[str, Any], done: dict[str, Any]
+) -> None:
+    """The node really rebooted, once, between the reboot request and the resume: a new boot id, the
+    testbed's nspawn exited 133 one time, the old boot's /run is gone, the controller's facts say so."""
+    assert boots.new != boots.first
+    console = (lab.bed.node(NODE).dir / "console.log").read_text(errors="replace")
+    assert console.count("systemd-nspawn exited with status 133") == 1, console[-3000:]
+    assert lab.bed.exec(NODE, f"test -e {GO}", check=False).returncode == 1, f"{GO} outlived the reboot"
+    facts = describe(lab).get("facts") or {}
+    assert facts.get("boot_id") == boots.new, facts
+    assert seconds(rebooting["time"]) < boots.new_started <= seconds(done["time"]), (
+        boots.new_started,
+        events.summary,
+    )
+
+
+def check_kernel_verify_on_new_boot(
+    events: Events, boots: Boots, steps: dict[str, tuple[str, str]], done: dict[str, Any]
+) -> None:
+    """kernel-verify ran once, after the resume, on the new boot, and found the pinned kernel."""
+    started = events.only("kernel-verify", "started")
+    succeeded = events.only("kernel-verify", "succeeded")
+    assert done["seq"] < started["seq"] < succeeded["seq"], events.summary
+    # Its one start was queued after the new boot's init started: not by the old boot's agent.
+    assert boots.new_started <= seconds(started["time"]), (boots.new_started, events.summary)
+    # And the agent recorded its result on the new boot id.
+    assert steps.get("kernel-verify") == ("succeeded", boots.new), (steps, boots)
+    assert succeeded["observed"].get("kernel.version") == KERNEL, succeeded
+    output = events.text("kernel-verify")
+    assert f"kernel {KERNEL} is running" in output, output
+
+
+def check_custom_steps(bed: Testbed, events: Events, boots: Boots, steps: dict[str, tuple[str, str]]) -> None:
+    """before-kernel ran once, on the first boot; the kernel step's resume and after-kernel (after
+    kernel-verify) on the new one; the agent's journal agrees with what the steps saw."""
+    before = events.text("custom-before-kernel")
+    after = events.text("custom-after-kernel")
+    assert f"before-kernel on boot {boots.first}" in before, before
+    assert f"tetherctl bootstrap has returned ({GO})" in before, before  # it waited for the signal
+    assert f"after-kernel on boot {boots.new}, kernel {KERNEL}" in after, after
+    assert bed.exec(NODE, f"cat {BOOTS}").stdout.splitlines() == [
+        f"before-kernel {boots.first}",
+        f"after-kernel {boots.new}",
+    ]
+    after_started = events.only("custom-after-kernel", "started")
+    assert after_started["seq"] > events.only("kernel-verify", "succeeded")["seq"], events.summary
+    assert steps.get("custom-before-kernel") == ("succeeded", boots.first), (steps, boots)
+    assert steps.get("kernel") == ("succeeded", boots.new), (steps, boots)
+    assert steps.get("custom-after-kernel") == ("succeeded", boots.new), (steps, boots)
+
+
+def check_boot_chain(bed: Testbed, host_kernel: str) -> None:
+    """The fixture's boot chain: grub's default names the pinned kernel; this boot "runs" it."""
+    assert bed.exec(NODE, "uname -r").stdout.strip() == KERNEL
+    assert bed.exec(NODE, "/usr/bin/uname -r").stdout.strip() == host_kernel
+    grub = bed.exec(NODE, "cat /etc/default/grub.d/99-tether-kernel.cfg").stdout
+    assert f"gnulinux-{KERNEL}-advanced-" in grub, grub
 
 
 def test_the_kernel_step_reboots_the_node_and_the_plan_resumes_after_boot(lab: Lab) -> None:
@@ -154,72 +297,16 @@ def test_the_kernel_step_reboots_the_node_and_the_plan_resumes_after_boot(lab: L
 
     lab.apply(environment(bed), ENV)
     lab.bootstrap(ENV, {NODE: "worker"})
+    bed.exec(NODE, f"touch {GO}")  # tetherctl bootstrap returned: the before-step lets the reboot come
     provisioned(lab)
 
-    events = lab.events(NODE)
-    summary = "\n".join(
-        f"{e['seq']:>3} {e['time']} {e['step'] or '-':<22} {e['kind']:<9} {e['message']}"
-        for e in events
-        if e["kind"] != "output"
-    )
-    assert [e["seq"] for e in events] == list(range(1, len(events) + 1)), summary
-    assert [s["name"] for s in describe(lab)["steps"]] == STEPS
-
-    # Every step started exactly once; nothing failed, nothing was skipped.
-    for step in STEPS:
-        started = [e for e in events if e["step"] == step and e["kind"] == "started"]
-        assert len(started) == 1, f"{step} started {len(started)} times\n{summary}"
-    assert not [e for e in events if e["kind"] in ("failed", "skipped")], summary
-
-    def only(step: str, kind: str) -> dict[str, Any]:
-        found = [e for e in events if e["step"] == step and e["kind"] == kind]
-        assert len(found) == 1, f"{step}: {len(found)} {kind} events\n{summary}"
-        return found[0]
-
-    # The kernel step: installed, asked for the reboot (INFO), and succeeded only after the boot.
-    kernel = [e for e in events if e["step"] == "kernel" and e["kind"] != "output"]
-    assert [e["kind"] for e in kernel] == ["started", "info", "succeeded"], summary
-    rebooting, done = kernel[1], kernel[2]
-    assert rebooting["message"] == "rebooting to finish the step", rebooting
-    assert done["message"] == "node rebooted; step complete", done
-    kernel_output = text([e for e in events if e["step"] == "kernel"])
-    assert f"kernel {KERNEL} installed and set as the boot default" in kernel_output, kernel_output[-3000:]
-    between = [e for e in events if rebooting["seq"] < e["seq"] < done["seq"] and e["kind"] != "output"]
-    assert between == [], summary  # nothing ran between the reboot request and the resume
-
-    # The node really rebooted, once: a new boot id, and the testbed's nspawn exited 133 one time.
-    new_boot = boot_id(bed)
-    assert new_boot != first_boot
-    console = (bed.node(NODE).dir / "console.log").read_text(errors="replace")
-    assert console.count("systemd-nspawn exited with status 133") == 1, console[-3000:]
-    booted_at = boot_started(bed)
-    facts = describe(lab).get("facts") or {}
-    assert facts.get("boot_id") == new_boot, facts
-
-    # Order in time: the reboot request, the new boot, then the resume and kernel-verify.
-    verify_started = only("kernel-verify", "started")
-    verify_done = only("kernel-verify", "succeeded")
-    assert seconds(rebooting["time"]) < booted_at <= seconds(done["time"]), (booted_at, summary)
-    assert booted_at <= seconds(verify_started["time"]), (booted_at, summary)
-    assert done["seq"] < verify_started["seq"] < verify_done["seq"], summary
-    assert verify_done["observed"].get("kernel.version") == KERNEL, verify_done
-    verify_output = text([e for e in events if e["step"] == "kernel-verify"])
-    assert f"kernel {KERNEL} is running" in verify_output, verify_output
-
-    # The custom steps: before-kernel ran once, on the first boot; after-kernel on the new one.
-    before = text([e for e in events if e["step"] == "custom-before-kernel"])
-    after = text([e for e in events if e["step"] == "custom-after-kernel"])
-    assert f"before-kernel on boot {first_boot}" in before, before
-    assert f"after-kernel on boot {new_boot}, kernel {KERNEL}" in after, after
-    assert bed.exec(NODE, f"cat {BOOTS}").stdout.splitlines() == [
-        f"before-kernel {first_boot}",
-        f"after-kernel {new_boot}",
-    ]
-    assert only("custom-after-kernel", "started")["seq"] > verify_done["seq"], summary
-
-    # The fixture's boot chain: grub's default names the pinned kernel; this boot "runs" it.
-    assert bed.exec(NODE, "uname -r").stdout.strip() == KERNEL
-    assert bed.exec(NODE, "/usr/bin/uname -r").stdout.strip() == host_kernel
-    grub = bed.exec(NODE, "cat /etc/default/grub.d/99-tether-kernel.cfg").stdout
-    assert f"gnulinux-{KERNEL}-advanced-" in grub, grub
-    print(f"\n{summary}\nboot {first_boot} -> {new_boot}, new boot at {booted_at:.3f}")
+    events = Events(lab.events(NODE))
+    boots = Boots(first=first_boot, new=boot_id(bed), new_started=boot_started(bed))
+    steps = journal(bed)
+    check_each_step_once(lab, events)
+    rebooting, done = check_kernel_step(events)
+    check_rebooted_once(lab, boots, events, rebooting, done)
+    check_kernel_verify_on_new_boot(events, boots, steps, done)
+    check_custom_steps(bed, events, boots, steps)
+    check_boot_chain(bed, host_kernel)
+    print(f"\n{events.summary}\nboot {boots.first} -> {boots.new}, new boot at {boots.new_started:.3f}")
