@@ -42,6 +42,8 @@ import yaml
 from tether.bootstrap import sshconfig
 from tether.bootstrap.errors import InventoryError
 from tether.bootstrap.ssh import SshEndpoint
+from tether.controller.spec import bounded_yaml
+from tether.controller.spec import load as spec_load
 from tether.nodeagent.model import Role
 
 ALIASES = {"environment": "env", "accept_new": "accept_new_host_key", "instance_id": "ssm"}
@@ -160,9 +162,12 @@ def _check(entry: Entry, where: str, problems: list[str]) -> None:
 
 def load(path: Path, defaults: Entry | None = None, notes: list[str] | None = None) -> list[Entry]:
     """The machines of ``path``, completed with ``defaults`` (the command line's flags); what was
-    accepted but not used is appended to ``notes``."""
+    accepted but not used is appended to ``notes``.
+
+    The file is read as ``tetherctl env apply`` reads it: within the YAML limits (nesting depth,
+    node count with aliases expanded), and a file of several documents for its one Environment."""
     try:
-        docs = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+        docs = bounded_yaml.load_all(path.read_text())
     except (OSError, yaml.YAMLError) as exc:
         raise InventoryError([f"{path}: {exc}"]) from None
     return parse(_one_document(docs, str(path), notes), str(path), defaults or Entry(), notes)
@@ -170,24 +175,21 @@ def load(path: Path, defaults: Entry | None = None, notes: list[str] | None = No
 
 def _one_document(docs: list[Any], source: str, notes: list[str] | None) -> Any:
     """The inventory of a file: its one document, or the one Environment of several (holodeck
-    files may hold other documents beside it, as ``tetherctl env apply`` accepts)."""
-    if len(docs) <= 1:
-        return docs[0] if docs else None
-    envs = [i for i, d in enumerate(docs) if isinstance(d, dict) and d.get("kind") == "Environment"]
-    if len(envs) != 1:
-        raise InventoryError(
-            [f"{source}: holds {len(docs)} documents and {len(envs)} Environments: one Environment is needed"]
-        )
-    if notes is not None:
-        notes.append(f"{source}: holds {len(docs)} documents; document {envs[0] + 1} is the Environment")
-    return docs[envs[0]]
+    files may hold other documents beside it), picked as the spec loader picks it."""
+    try:
+        doc, note = spec_load.pick_environment(docs)
+    except spec_load.SpecError as exc:
+        raise InventoryError([f"{source}: {v.message}" for v in exc.violations]) from None
+    if note and notes is not None:
+        notes.append(f"{source}: {note}")
+    return doc
 
 
 def parse(doc: Any, source: str, defaults: Entry, notes: list[str] | None = None) -> list[Entry]:
     problems: list[str] = []
     if not isinstance(doc, dict):
         raise InventoryError([f"{source}: expected a mapping with 'nodes'"])
-    if doc.get("kind") == "Environment":
+    if spec_load.is_environment(doc):
         raw_nodes, file_defaults = _from_environment(doc, problems, notes if notes is not None else [])
     else:
         unknown = sorted(set(doc) - {"apiVersion", "kind", "defaults", "nodes"})

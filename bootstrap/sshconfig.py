@@ -18,12 +18,14 @@ The shape (holodeck's field names; keys match case-insensitively, as Go's JSON d
         keepaliveInterval: 30s
         maxRetries: 3                     # connection attempts, 1 s apart (default 1)
 
-Pure (no SSH library): the spec validator checks the same rules (``controller/spec/parse_sources``).
+Pure (no SSH library, nothing of the controller): the spec validator runs this same ``parse``
+(``controller/spec/parse_sources``), so ``env validate`` and the bootstrap never disagree.
 Nothing here is a credential: keys are named by path and read only when the bootstrap runs.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -150,21 +152,21 @@ def parse(raw: Any, path: str = "spec.auth.sshConfig") -> tuple[SshConfig, list[
     bastion = None
     if "bastion" in values:
         key, value = values["bastion"]
-        bastion = _bastion(value, f"{path}.{key}", problems, unknown)
+        bastion = _bastion(value, _child(path, key), problems, unknown)
     out: dict[str, Any] = {}
     if "useAgent" in values:
         key, value = values["useAgent"]
         if isinstance(value, bool):
             out["use_agent"] = value
         elif value is not None:
-            problems.append((f"{path}.{key}", "must be true or false"))
+            problems.append((_child(path, key), "must be true or false"))
     for name, attr, check in (
         ("agentSocket", "agent_socket", check_path),
         ("knownHostsPolicy", "known_hosts_policy", _check_policy),
     ):
         if name in values:
             key, value = values[name]
-            text = _text(value, f"{path}.{key}", problems, check)
+            text = _text(value, _child(path, key), problems, check)
             if text:
                 out[attr] = text
     for name, attr in DURATIONS:
@@ -175,7 +177,7 @@ def parse(raw: Any, path: str = "spec.auth.sshConfig") -> tuple[SshConfig, list[
             try:
                 seconds = parse_duration(value)
             except ValueError as exc:
-                problems.append((f"{path}.{key}", f"{exc} (got {str(value)[:40]!r})"))
+                problems.append((_child(path, key), f"{exc} (got {str(value)[:40]!r})"))
                 continue
             if seconds > 0:  # holodeck: zero means the default
                 out[attr] = seconds
@@ -184,7 +186,7 @@ def parse(raw: Any, path: str = "spec.auth.sshConfig") -> tuple[SshConfig, list[
         if value is None:
             pass
         elif isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_RETRIES:
-            problems.append((f"{path}.{key}", f"must be a whole number from 0 to {MAX_RETRIES}"))
+            problems.append((_child(path, key), f"must be a whole number from 0 to {MAX_RETRIES}"))
         elif value > 0:  # holodeck: zero means the default
             out["max_retries"] = value
     return SshConfig(bastion=bastion, **out), problems, unknown
@@ -203,12 +205,21 @@ def _fields(
     for key, value in raw.items():
         name = by_lower.get(str(key).lower())
         if name is None:
-            unknown.append(f"{path}.{key}")
+            unknown.append(_child(path, key))
         elif name in found:
-            problems.append((f"{path}.{key}", f"given twice (also as {found[name][0]!r})"))
+            problems.append((_child(path, key), f"given twice (also as {found[name][0]!r})"))
         else:
             found[name] = (str(key), value)
     return found
+
+
+def _child(path: str, key: Any) -> str:
+    """``path.key``, a key with ``.``, ``[``, ``]`` or ``"`` quoted: the spec reader's paths
+    (``tether.controller.spec.reader.child_path``), so the validator reports the same ones."""
+    text = str(key)
+    if not text or any(c in text for c in '.[]"'):
+        return f"{path}[{json.dumps(text, ensure_ascii=False)}]"
+    return f"{path}.{text}"
 
 
 def _text(value: Any, path: str, problems: list[tuple[str, str]], check: Any) -> str:
@@ -244,16 +255,16 @@ def _bastion(raw: Any, path: str, problems: list[tuple[str, str]], unknown: list
     if "port" in values:
         key, value = values["port"]
         if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 65536:
-            problems.append((f"{path}.{key}", "must be a whole number from 1 to 65535"))
+            problems.append((_child(path, key), "must be a whole number from 1 to 65535"))
         elif port is not None and port != value:
-            problems.append((f"{path}.{key}", f"host says port {port}, port says {value}"))
+            problems.append((_child(path, key), f"host says port {port}, port says {value}"))
         else:
             port = value
     username = privkey = ""
     if "username" in values:
         key, value = values["username"]
-        username = _text(value, f"{path}.{key}", problems, check_user)
+        username = _text(value, _child(path, key), problems, check_user)
     if "privateKey" in values:
         key, value = values["privateKey"]
-        privkey = _text(value, f"{path}.{key}", problems, check_path)
+        privkey = _text(value, _child(path, key), problems, check_path)
     return Bastion(host, port or DEFAULT_PORT, username, privkey) if host else None

@@ -104,7 +104,7 @@ class AdminService(wire.AdminServiceServicer):
             existing = app.store.get_environment(name)
             check_generation(name, existing.generation if existing else None, request.expected_generation)
             if existing is None:
-                _check_dns_name_free(app, name)
+                _check_dns_name_free(app, name, who)
             return wire.admin.ApplyEnvironmentResponse(
                 environment=wire.admin.Environment(
                     name=name,
@@ -116,8 +116,8 @@ class AdminService(wire.AdminServiceServicer):
                 notes=list(loaded.notes),
             )
         before = app.store.get_environment(name)
-        if before is None:
-            _check_dns_name_free(app, name)
+        if before is None:  # checked before the write, not in it: a known limit (see the function)
+            _check_dns_name_free(app, name, who)
         record, changed = await app.store.put_environment(  # Aborted at a stale expected_generation
             name,
             request.document,
@@ -778,17 +778,24 @@ def _named(e: Event, node: str) -> Event:
 # -- audit details (never a secret: ids, counts and states only) ---------------------------------
 
 
-def _check_dns_name_free(app: App, name: str) -> None:
+def _check_dns_name_free(app: App, name: str, who: Principal) -> None:
     """A new environment's DNS-safe name (``spec.names.dns_name``) is no other environment's:
-    ``a_b`` and ``a-b`` would be the same cluster name, kubeconfig cluster and context."""
+    ``a_b`` and ``a-b`` would be the same cluster name, kubeconfig cluster and context. The other
+    environment is named only to a caller who may see it; to a scoped admin outside it, it is
+    "another environment" (its name is not the caller's to learn).
+
+    Known limit: this is checked before the store's write, not inside it, so two concurrent
+    applies of new names with the same DNS-safe form (``a_b`` and ``a-b`` at once) can both pass
+    (docs/holodeck-files.md, "Names")."""
     dns = names.dns_name(name)
     clash = next(
         (e.name for e in app.store.list_environments() if e.name != name and names.dns_name(e.name) == dns),
         None,
     )
     if clash is not None:
+        other = f"environment {clash!r}" if who.may_see(clash) else "another environment"
         raise AlreadyExists(
-            f"environment {name!r} would have the DNS name {dns!r}, which environment {clash!r} already "
+            f"environment {name!r} would have the DNS name {dns!r}, which {other} already "
             "has (the names differ only where a DNS name cannot): rename one of them"
         )
 

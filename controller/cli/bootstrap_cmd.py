@@ -52,19 +52,7 @@ def add_parser(sub: Any) -> None:
     auth.add_argument(
         "--jump", metavar="USER@HOST[:PORT]", default="", help="jump host / bastion (same credentials)"
     )
-    keys = b.add_argument_group("SSH host keys (verified by default)")
-    keys.add_argument("--known-hosts", metavar="FILE", default="", help="known_hosts file to verify against")
-    keys.add_argument(
-        "--host-key", metavar="'TYPE BASE64'", default="", help="the one key the host must present"
-    )
-    keys.add_argument(
-        "--accept-new-host-key", action="store_true", help="trust an unknown host's key once and record it"
-    )
-    keys.add_argument(
-        "--insecure-ignore-host-key",
-        action="store_true",
-        help="verify no host key at all (also required for an inventory's knownHostsPolicy: off)",
-    )
+    _host_key_args(b.add_argument_group("SSH host keys (verified by default)"))
     aws = b.add_argument_group("AWS SSM")
     aws.add_argument("--region", default="", help="AWS region of --ssm instances")
     aws.add_argument("--ssm-endpoint", default="", help="SSM endpoint URL (VPC endpoints, tests)")
@@ -88,6 +76,21 @@ def add_parser(sub: Any) -> None:
     b.add_argument("--verify-timeout", type=float, default=180.0, help="seconds to wait for enrollment")
     b.add_argument("-o", "--output", choices=("text", "json"), default="text", help="json: results on stdout")
     b.set_defaults(func=command)
+
+
+def _host_key_args(keys: Any) -> None:
+    keys.add_argument("--known-hosts", metavar="FILE", default="", help="known_hosts file to verify against")
+    keys.add_argument(
+        "--host-key", metavar="'TYPE BASE64'", default="", help="the one key the host must present"
+    )
+    keys.add_argument(
+        "--accept-new-host-key", action="store_true", help="trust an unknown host's key once and record it"
+    )
+    keys.add_argument(
+        "--insecure-ignore-host-key",
+        action="store_true",
+        help="verify no host key at all (also required for an inventory's knownHostsPolicy: off)",
+    )
 
 
 def command(args: argparse.Namespace) -> int:

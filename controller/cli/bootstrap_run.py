@@ -173,7 +173,8 @@ def _ssh_target(entry: Entry, args: argparse.Namespace, secrets: _Secrets) -> ss
         key, passphrase = secrets.key(entry.identity, args.passphrase_env)
     agent = ""
     if args.ssh_agent or entry.use_agent:
-        agent = entry.agent_socket or os.environ.get("SSH_AUTH_SOCK", "")
+        # agentSocket only with useAgent (the inventory's note says it is ignored without it)
+        agent = (entry.agent_socket if entry.use_agent else "") or os.environ.get("SSH_AUTH_SOCK", "")
         if not agent:
             raise CliError(f"{endpoint}: the ssh-agent is asked for, but SSH_AUTH_SOCK is not set")
     if not (key or secrets.password or agent):
@@ -301,6 +302,19 @@ def _request_pb(entry: Entry, args: argparse.Namespace, secrets: _Secrets, contr
     return request
 
 
+def _warn_unverified(entries: list[Entry], args: argparse.Namespace) -> None:
+    """One warning naming every machine whose host key is not verified (``off``)."""
+    unverified = [e.target for e in entries if e.ssh and _host_key_mode(e, args) == "off"]
+    if unverified:
+        print(
+            "tetherctl: WARNING: host keys are NOT verified for "
+            + ", ".join(unverified)
+            + " (--insecure-ignore-host-key): whoever answers at those addresses gets the SSH "
+            "credentials and a join token",
+            file=sys.stderr,
+        )
+
+
 async def _main(args: argparse.Namespace) -> int:
     conf = load_config(args)
     if args.host_key and (args.known_hosts or args.accept_new_host_key):
@@ -313,15 +327,7 @@ async def _main(args: argparse.Namespace) -> int:
             "it excludes --host-key and --accept-new-host-key"
         )
     entries = _entries(args)
-    unverified = [e.target for e in entries if e.ssh and _host_key_mode(e, args) == "off"]
-    if unverified:
-        print(
-            "tetherctl: WARNING: host keys are NOT verified for "
-            + ", ".join(unverified)
-            + " (--insecure-ignore-host-key): whoever answers at those addresses gets the SSH "
-            "credentials and a join token",
-            file=sys.stderr,
-        )
+    _warn_unverified(entries, args)
     started = time.monotonic()
     await check_with_controller(conf, entries)  # unknown environments: refused before any SSH/SSM
     secrets = _Secrets()

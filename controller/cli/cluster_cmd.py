@@ -13,7 +13,7 @@ import yaml
 from tether.controller import wire
 from tether.controller.cli.client import CliError, Session
 from tether.controller.cli.output import colour, emit, shape, table
-from tether.controller.spec import checks
+from tether.controller.spec import bounded_yaml, checks, load
 
 
 def add_parser(sub: Any) -> None:
@@ -107,16 +107,31 @@ def kubeconfig(args: argparse.Namespace) -> int:
 
 
 def spec_kubeconfig_path(document: str) -> str:
-    """holodeck's ``kubernetes.kubeConfig`` of an environment document ("" when it names none)."""
+    """holodeck's ``kubernetes.kubeConfig`` of an environment document ("" when it names none).
+
+    The document is read as the controller reads it: a stream of several YAML documents is read
+    for its one Environment, keys match in any case. A path tether would refuse (absolute, ``~``,
+    ``..``: one stored before the rule was) is a ``CliError`` naming it, never silently ignored."""
     try:
-        doc = yaml.safe_load(document)
-        k8s = doc["spec"]["kubernetes"]
-        value = next((v for k, v in k8s.items() if str(k).lower() == "kubeconfig"), "")
-    except (yaml.YAMLError, KeyError, TypeError, AttributeError):
+        doc, _ = load.pick_environment(bounded_yaml.load_all(document))
+    except (yaml.YAMLError, load.SpecError):
         return ""
-    if not isinstance(value, str) or checks.check_local_path(value):
-        return ""  # refused when it was applied; never a path tether did not check
+    value = _field(_field(_field(doc, "spec"), "kubernetes"), "kubeConfig")
+    if not value or not isinstance(value, str):
+        return ""
+    reason = checks.check_relative_path(value)
+    if reason:
+        raise CliError(
+            f"spec.kubernetes.kubeConfig {value!r}: {reason}: give --file PATH (or --file - to print it)"
+        )
     return value
+
+
+def _field(mapping: Any, name: str) -> Any:
+    """``mapping``'s ``name`` in any case (as the spec reader matches keys), else None."""
+    if not isinstance(mapping, dict):
+        return None
+    return next((v for k, v in mapping.items() if str(k).lower() == name.lower()), None)
 
 
 def write_private(path: Path, text: str, *, overwrite: bool, origin: str) -> str:

@@ -4,7 +4,8 @@
 ``RecursionError``) and shares aliased nodes, so a "billion laughs" document is small to load
 but explodes for whoever walks it. Here the composer counts as it goes: a collection deeper
 than ``MAX_YAML_DEPTH``, more than ``MAX_YAML_NODES`` nodes (an alias counts as the whole node
-it names) or an alias inside the node it names stop the parse at once with ``YamlLimit``.
+it names) or an alias inside the node it names stop the parse at once with ``YamlLimit``. Anchors
+are per document, as PyYAML has them: in a stream, an anchor of an earlier document is forgotten.
 """
 
 from __future__ import annotations
@@ -28,6 +29,13 @@ class _Loader(yaml.SafeLoader):
         self._depth = 0
         self._nodes = 0
         self._sizes: dict[str, int] = {}  # anchor -> expanded nodes, once its node is complete
+
+    def compose_document(self) -> yaml.Node | None:
+        # PyYAML forgets every anchor at the end of a document, and a later document may define
+        # one of the same name again: an anchor's size is known per document (the depth and node
+        # counts stay the stream's).
+        self._sizes = {}
+        return super().compose_document()
 
     def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
         event = self.peek_event()  # type: ignore[no-untyped-call]

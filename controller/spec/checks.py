@@ -181,3 +181,10 @@ def check_local_path(value: str) -> str:
     if ".." in value.split("/"):
         return "path must not contain '..'"
     return ""
+
+
+def check_relative_path(value: str) -> str:
+    """A local path relative to the working directory: ``check_local_path``, no leading ``/`` or ``~``."""
+    if value.startswith(("/", "~")):
+        return "must be relative to the working directory (no leading / or ~)"
+    return check_local_path(value)

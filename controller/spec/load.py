@@ -122,6 +122,17 @@ def _kind_of(doc: Any) -> str:
     return f"kind {kind}" if isinstance(kind, str) and kind else "no kind"
 
 
+def is_environment(doc: Any) -> bool:
+    """``kind: Environment`` (the key in any case, as the reader matches keys)."""
+    return _kind_of(doc) == "kind Environment"
+
+
+STORED_WITH_IT = (
+    "WARNING: the other documents are stored with the Environment and shown by "
+    "`tetherctl env get -o yaml`: keep no credentials in them"
+)
+
+
 def pick_environment(docs: Sequence[Any]) -> tuple[Any, str]:
     """(the Environment document of a YAML stream, a note naming it among the others, or "").
 
@@ -131,7 +142,7 @@ def pick_environment(docs: Sequence[Any]) -> tuple[Any, str]:
     present = [(i, d) for i, d in enumerate(docs, 1) if d is not None]
     if len(present) <= 1:
         return (present[0][1] if present else None), ""
-    envs = [(i, d) for i, d in present if _kind_of(d) == "kind Environment"]
+    envs = [(i, d) for i, d in present if is_environment(d)]
     listed = ", ".join(f"document {i} ({_kind_of(d)})" for i, d in present)
     if not envs:
         raise SpecError(
@@ -157,7 +168,8 @@ def pick_environment(docs: Sequence[Any]) -> tuple[Any, str]:
     others = ", ".join(f"document {i} ({_kind_of(d)})" for i, d in present if i != index)
     return (
         doc,
-        f"the file holds {len(present)} documents; document {index} is the Environment, ignored: {others}",
+        f"the file holds {len(present)} documents; document {index} is the Environment, ignored: "
+        f"{others} ({STORED_WITH_IT})",
     )
 
 

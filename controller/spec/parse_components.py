@@ -78,26 +78,7 @@ def driver(spec: Section) -> DriverSpec:
     if source == "package" and not version and not branch:
         branch = defaults.DRIVER_BRANCH
     if source == "runfile":
-        run = sec.section("runfile")
-        if run is None:
-            sec.problems.add(sec.path_of("runfile"), "required when source is runfile (url and checksum)")
-        else:
-            url = run.string("url", check=checks.check_url, required=True)
-            # holodeck's checksum is optional (its driver_runfile example has none): accepted
-            # under its apiVersion, loudly, and the node records the download as unverified.
-            before = len(sec.problems.items)
-            raw = run.string("checksum", check=checks.check_sha256)
-            sha = checks.normalize_sha256(raw) or ""
-            missing = not raw and len(sec.problems.items) == before  # absent or empty, not malformed
-            if missing and not sec.problems.holodeck:
-                sec.problems.add(run.path_of("checksum"), "required")
-            elif missing:
-                sec.problems.note(
-                    run.path_of("checksum"),
-                    "WARNING: none given, so the runfile download is NOT verified (the node records "
-                    "it as unverified); add sha256:<64 hex digits> (tether.dev/v1alpha1 requires it)",
-                )
-            run.finish()
+        url, sha = _runfile(sec)
     elif sec.has("runfile"):
         sec.problems.note(sec.path_of("runfile"), f"ignored: source is {source}")
         sec.lookup("runfile")
@@ -115,6 +96,31 @@ def driver(spec: Section) -> DriverSpec:
         runfile_sha256=sha,
         git=git,
     )
+
+
+def _runfile(sec: Section) -> tuple[str, str]:
+    """``nvidiaDriver.runfile``: (url, sha256 hex or "")."""
+    run = sec.section("runfile")
+    if run is None:
+        sec.problems.add(sec.path_of("runfile"), "required when source is runfile (url and checksum)")
+        return "", ""
+    url = run.string("url", check=checks.check_url, required=True)
+    # holodeck's checksum is optional (its driver_runfile example has none): accepted
+    # under its apiVersion, loudly, and the node records the download as unverified.
+    before = len(sec.problems.items)
+    raw = run.string("checksum", check=checks.check_sha256)
+    sha = checks.normalize_sha256(raw) or ""
+    missing = not raw and len(sec.problems.items) == before  # absent or empty, not malformed
+    if missing and not sec.problems.holodeck:
+        sec.problems.add(run.path_of("checksum"), "required")
+    elif missing:
+        sec.problems.note(
+            run.path_of("checksum"),
+            "WARNING: none given, so the runfile download is NOT verified (the node records "
+            "it as unverified); add sha256:<64 hex digits> (tether.dev/v1alpha1 requires it)",
+        )
+    run.finish()
+    return url, sha
 
 
 def _runtime_version(name: str, raw: str) -> str:

@@ -38,13 +38,8 @@ def _config(sec: Section, name: str) -> str:
     return content
 
 
-def kubernetes(spec: Section) -> KubernetesSpec:
-    sec = spec.section("kubernetes")
-    if sec is None:
-        return KubernetesSpec()
-    install = sec.boolean("install")
-    installer = sec.choice("Installer", INSTALLERS, "kubeadm")
-    source = sec.choice("source", ("release", "git", "latest"), "release")
+def _version(sec: Section, source: str) -> str:
+    """``release.version``, or its deprecated alias ``Version``, or tether's default."""
     version = ""
     rel = sec.section("release")
     if rel is not None:
@@ -66,6 +61,31 @@ def kubernetes(spec: Section) -> KubernetesSpec:
         sec.problems.add(
             f"{sec.path_of('release')}.version", "releases before v1.24 are not served by pkgs.k8s.io"
         )
+    return version
+
+
+def _kubeconfig_fields(sec: Section, installer: str) -> tuple[str, bool]:
+    """holodeck's ``kubeConfig`` (where tetherctl writes the kubeconfig, relative to its working
+    directory: never absolute or ``~``) and ``remoteAccess``; notes with another installer."""
+    kube_config = sec.string("kubeConfig", check=checks.check_relative_path)
+    remote_access = sec.boolean("remoteAccess")
+    if installer != "kubeadm":
+        for name in ("kubeConfig", "remoteAccess"):
+            if sec.has(name):
+                sec.problems.note(
+                    sec.path_of(name), "ignored: only kubeadm clusters export a kubeconfig (tetherctl)"
+                )
+    return kube_config, remote_access
+
+
+def kubernetes(spec: Section) -> KubernetesSpec:
+    sec = spec.section("kubernetes")
+    if sec is None:
+        return KubernetesSpec()
+    install = sec.boolean("install")
+    installer = sec.choice("Installer", INSTALLERS, "kubeadm")
+    source = sec.choice("source", ("release", "git", "latest"), "release")
+    version = _version(sec, source)
     track = defaults.LATEST_TRACKS["kubernetes"]
     git = git_source(sec, source, defaults.GIT_REPOS["kubernetes"], track)
     gates: list[str] = []
@@ -77,14 +97,7 @@ def kubernetes(spec: Section) -> KubernetesSpec:
             gates.append(item)
     sec.ignore("Features", "ignored: holodeck never used this field")
     sec.ignore("KubeletReleaseVersion", "ignored: tether installs the kubelet unit itself")
-    kube_config = sec.string("kubeConfig", check=checks.check_local_path)
-    remote_access = sec.boolean("remoteAccess")
-    if installer != "kubeadm":
-        for name in ("kubeConfig", "remoteAccess"):
-            if sec.has(name):
-                sec.problems.note(
-                    sec.path_of(name), "ignored: only kubeadm clusters export a kubeconfig (tetherctl)"
-                )
+    kube_config, remote_access = _kubeconfig_fields(sec, installer)
     arch = sec.string("Arch")
     if arch and arch not in ("amd64", "arm64"):
         sec.problems.add(sec.path_of("Arch"), "must be amd64 or arm64")

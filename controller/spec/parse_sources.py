@@ -3,6 +3,8 @@ provider fields tether accepts and ignores."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from tether.bootstrap import sshconfig
 from tether.controller.spec import checks
 from tether.controller.spec.model import PackageRepositories, PackageRepository
@@ -39,37 +41,35 @@ def _auth(auth: Section) -> None:
         if auth.has(name):
             auth.string(name, check=sshconfig.check_user if name == "username" else sshconfig.check_path)
             auth.problems.note(auth.path_of(name), BOOTSTRAP_ONLY)
-    sec = auth.section("sshConfig")
-    if sec is None:
+    found = auth.lookup("sshConfig")
+    if found is None or found[1] is None:
         return
-    sec.problems.note(sec.path, BOOTSTRAP_ONLY)
-    bastion = sec.section("bastion")
-    if bastion is not None:
-        bastion.string("host", required=True, check=sshconfig.check_host)
-        bastion.integer("port", sshconfig.DEFAULT_PORT, low=1, high=65535)
-        bastion.string("username", check=sshconfig.check_user)
-        bastion.string("privateKey", check=sshconfig.check_path)
-        bastion.finish()
-    use_agent = sec.boolean("useAgent")
-    if sec.string("agentSocket", check=sshconfig.check_path) and not use_agent:
-        sec.problems.note(sec.path_of("agentSocket"), "ignored without useAgent: true")
-    if sec.has("knownHostsPolicy"):
-        policy = sec.choice("knownHostsPolicy", sshconfig.POLICIES, "strict")
-        if policy == "accept-new":
-            sec.problems.note(
-                sec.path_of("knownHostsPolicy"),
-                "accept-new trusts an unknown host's key on first use and records it",
-            )
-        elif policy == "off":
-            sec.problems.note(
-                sec.path_of("knownHostsPolicy"),
-                "off verifies no host key: `tetherctl bootstrap` refuses it unless "
-                "--insecure-ignore-host-key is given too",
-            )
-    for name, _ in sshconfig.DURATIONS:
-        sec.string(name, check=sshconfig.check_duration)
-    sec.integer("maxRetries", 0, low=0, high=sshconfig.MAX_RETRIES)
-    sec.finish()
+    path, raw = auth.child(found[0]), found[1]
+    problems = auth.problems
+    # The bootstrap's own reading (``tetherctl bootstrap --inventory``), so that a file
+    # ``env validate`` calls valid is one the bootstrap takes, and the other way round.
+    config, refused, unknown = sshconfig.parse(raw, path)
+    for where, message in refused:
+        problems.add(where, message)
+    for where in unknown:
+        problems.unknown(where)
+    if not isinstance(raw, Mapping):
+        return
+    problems.note(path, BOOTSTRAP_ONLY)
+    sec = Section(raw, path, problems)  # only for the paths of keys as written
+    if config.agent_socket and not config.use_agent:
+        problems.note(sec.path_of("agentSocket"), "ignored without useAgent: true")
+    if config.known_hosts_policy == "accept-new":
+        problems.note(
+            sec.path_of("knownHostsPolicy"),
+            "accept-new trusts an unknown host's key on first use and records it",
+        )
+    elif config.known_hosts_policy == "off":
+        problems.note(
+            sec.path_of("knownHostsPolicy"),
+            "off verifies no host key: `tetherctl bootstrap` refuses it unless "
+            "--insecure-ignore-host-key is given too",
+        )
 
 
 def download_mirror(spec: Section) -> str:

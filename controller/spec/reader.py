@@ -6,10 +6,14 @@ for are reported by ``finish()`` as unknown fields, so a typo is caught instead 
 holodeck's apiVersion (``Problems.holodeck``), which ignores fields it does not know, they are
 notes instead, except inside tether's own extensions (``Problems.strict_under``), which no
 holodeck file has.
+
+A path names each key as written, joined by ``.``; a key that has a ``.`` (or ``[``, ``]``, ``"``)
+in it is quoted, ``spec.kubernetes["a.b"]``, so a path always says which key it is.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -35,8 +39,13 @@ class Problems:
         self.strict_under: tuple[str, ...] = ()
 
     def unknown(self, path: str) -> None:
-        """A field nobody reads: a problem, or under holodeck's apiVersion a note."""
-        strict = any(path == p or path.startswith((f"{p}.", f"{p}[")) for p in self.strict_under)
+        """A field nobody reads: a problem, or under holodeck's apiVersion a note.
+
+        Paths are compared in any case, as keys match: ``spec.Rollout`` is ``spec.rollout``."""
+        lower = path.lower()
+        strict = any(
+            lower == p or lower.startswith((f"{p}.", f"{p}[")) for p in (s.lower() for s in self.strict_under)
+        )
         if self.holodeck and not strict:
             self.note(path, UNKNOWN_NOTE)
         else:
@@ -47,6 +56,14 @@ class Problems:
 
     def note(self, path: str, message: str) -> None:
         self.notes.append(f"{path}: {message}")
+
+
+def child_path(path: str, key: str) -> str:
+    """``path.key``; a key that would make the path ambiguous (one with ``.``, ``[``, ``]`` or ``"``,
+    or an empty one) is quoted: ``spec.kubernetes["a.b"]``, never ``spec.kubernetes.a.b``."""
+    if not key or any(c in key for c in '.[]"'):
+        return f"{path}[{json.dumps(key, ensure_ascii=False)}]"
+    return f"{path}.{key}" if path else key
 
 
 def _type_name(value: Any) -> str:
@@ -79,7 +96,7 @@ class Section:
         return Section(raw, path, problems)
 
     def child(self, key: str) -> str:
-        return f"{self.path}.{key}" if self.path else key
+        return child_path(self.path, key)
 
     def lookup(self, name: str) -> tuple[str, Any] | None:
         """The (key as written, value) for ``name``; both spellings given is a problem."""

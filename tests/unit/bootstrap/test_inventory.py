@@ -121,5 +121,36 @@ def test_a_file_of_several_documents_is_read_for_its_one_environment(tmp_path: P
     assert [(e.name, e.target, e.env) for e in entries] == [("w-0", "ubuntu@10.0.1.7", "lab")]
     assert any("document 2 is the Environment" in n for n in notes)
     path.write_text(yaml.safe_dump_all([env, env]))
-    with pytest.raises(InventoryError, match="2 Environments: one Environment is needed"):
+    with pytest.raises(InventoryError, match=r"2 are Environments \(documents 1, 2\): give one Environment"):
+        inventory.load(path, Entry())
+
+
+def test_documents_are_picked_by_the_spec_loaders_rule(tmp_path: Path) -> None:
+    # `Kind:` in any case names the Environment, as `tetherctl env apply` reads it.
+    env = {
+        "Kind": "Environment",
+        "metadata": {"name": "lab"},
+        "spec": {"auth": {"username": "ubuntu"}},
+        "status": {"cluster": {"nodes": [{"name": "w-0", "privateIp": "10.0.1.7"}]}},
+    }
+    path = tmp_path / "env.yaml"
+    path.write_text(yaml.safe_dump_all([{"kind": "ConfigMap"}, env]))
+    notes: list[str] = []
+    assert [e.target for e in inventory.load(path, Entry(), notes)] == ["ubuntu@10.0.1.7"]
+    assert notes[0].startswith(f"{path}: the file holds 2 documents; document 2 is the Environment")
+    assert "stored with the Environment" in notes[0]
+    path.write_text(yaml.safe_dump_all([{"kind": "ConfigMap"}, {"nodes": []}]))
+    with pytest.raises(InventoryError, match=r"none is an Environment: document 1 \(kind ConfigMap\)"):
+        inventory.load(path, Entry())
+
+
+def test_the_yaml_limits_hold_for_an_inventory_file(tmp_path: Path) -> None:
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 10)]
+    path = tmp_path / "inv.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(InventoryError, match="nodes, aliases expanded"):
+        inventory.load(path, Entry())
+    path.write_text("a: &a x\n---\nnodes: &a [*a]\n")  # an alias inside its own node
+    with pytest.raises(InventoryError, match="inside the node it names"):
         inventory.load(path, Entry())

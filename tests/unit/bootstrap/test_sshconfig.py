@@ -283,6 +283,22 @@ def test_without_ssh_config_nothing_changes(tmp_path: Path) -> None:
     assert t.timeouts() == (4.0 + ssh.HANDSHAKE_TIMEOUT, ssh.HANDSHAKE_TIMEOUT)
 
 
+def test_agent_socket_is_used_only_with_use_agent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SSH_AUTH_SOCK", "/run/env-agent.sock")
+    path = write_env(tmp_path, {"agentSocket": "/run/file-agent.sock"})  # no useAgent: ignored
+    for flags, agent in ((("--ssh-agent",), "/run/env-agent.sock"), ((), "")):
+        args = parse_args("--inventory", str(path), *flags)
+        (entry,) = bootstrap_run._entries(args)
+        assert (
+            bootstrap_run._ssh_target(entry, args, bootstrap_run._Secrets()).credentials.agent_path == agent
+        )
+    path = write_env(tmp_path, {"agentSocket": "/run/file-agent.sock", "useAgent": True})
+    args = parse_args("--inventory", str(path))
+    (entry,) = bootstrap_run._entries(args)
+    target = bootstrap_run._ssh_target(entry, args, bootstrap_run._Secrets())
+    assert target.credentials.agent_path == "/run/file-agent.sock"
+
+
 def test_off_in_the_file_needs_the_flag_and_flags_must_agree_with_the_file(tmp_path: Path) -> None:
     path = write_env(tmp_path, {"knownHostsPolicy": "off"})
     with pytest.raises(CliError, match="refused unless --insecure-ignore-host-key"):
@@ -448,3 +464,47 @@ def test_the_spec_validator_accepts_ssh_config_and_checks_its_shape() -> None:
     text = "\n".join(err.value.problems) if isinstance(err.value.problems[0], str) else str(err.value)
     for path in ("bastion.host", "bastion.port", "knownHostsPolicy", "connectTimeout", "maxRetries"):
         assert f"spec.auth.sshConfig.{path}" in text
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"bastion": {"host": "b:2222", "port": 22}},  # the bootstrap refuses it: so does env validate
+        {"bastion": {"host": "b:2222", "PORT": 2222}, "useAgent": "yes"},
+        {"keepaliveInterval": True, "connectTimeout": 45, "handshakeTimeout": "1h1s"},
+        {"bastion": {"host": "b", "Host": "c"}, "maxRetries": 2.5},
+        {"bastion": ["b"], "agentSocket": "a\nb", "knownHostsPolicy": "Strict"},
+        {"bastion": {"host": "b", "port": 22, "username": "ec2-user"}, "useAgent": True},
+    ],
+)
+def test_the_spec_validator_and_the_bootstrap_read_ssh_config_alike(config: dict[str, Any]) -> None:
+    text = yaml.safe_dump(environment(config))
+    _, refused, _ = sshconfig.parse(yaml.safe_load(text)["spec"]["auth"]["sshConfig"], "spec.auth.sshConfig")
+    try:
+        load_document(text)
+        validator: list[str] = []
+    except SpecError as err:
+        validator = [str(p) for p in err.problems]
+    assert validator == [f"{path}: {message}" for path, message in refused]
+
+
+def test_a_bastion_port_that_contradicts_its_host_is_refused_by_env_validate() -> None:
+    with pytest.raises(SpecError) as err:
+        load_document(yaml.safe_dump(environment({"bastion": {"host": "b:2222", "port": 22}})))
+    assert [str(p) for p in err.value.problems] == [
+        "spec.auth.sshConfig.bastion.port: host says port 2222, port says 22"
+    ]
+
+
+def test_unknown_ssh_config_fields_follow_the_api_version_and_keep_their_paths() -> None:
+    config = {"bastion": {"host": "b", "colour": "blue"}, "a.b": 1}
+    loaded = load_document(yaml.safe_dump(environment(config)))
+    assert "spec.auth.sshConfig.bastion.colour: ignored: not a holodeck field tether knows" in loaded.notes
+    assert 'spec.auth.sshConfig["a.b"]: ignored: not a holodeck field tether knows' in loaded.notes
+    tethers = environment(config)
+    tethers["apiVersion"] = "tether.dev/v1alpha1"
+    with pytest.raises(SpecError) as err:
+        load_document(yaml.safe_dump(tethers))
+    found = [str(p) for p in err.value.problems]
+    assert "spec.auth.sshConfig.bastion.colour: unknown field" in found
+    assert 'spec.auth.sshConfig["a.b"]: unknown field' in found

@@ -19,12 +19,36 @@ HEAD = "apiVersion: holodeck.nvidia.com/v1alpha1\nkind: Environment\nmetadata: {
         ("{install: true, kubeConfig: ./out/kubeconfig}", "./out/kubeconfig"),
         ("{install: true, kubeconfig: kc.yaml}", "kc.yaml"),  # holodeck's keys, any case
         ("{install: true}", ""),
-        ("{install: true, kubeConfig: ../../etc/x}", ""),  # never a path tether would refuse
         ("{install: true, kubeConfig: [a]}", ""),
     ],
 )
 def test_the_path_comes_from_the_document(kubernetes: str, want: str) -> None:
     assert spec_kubeconfig_path(HEAD + f"  kubernetes: {kubernetes}\n") == want
+
+
+CONFIGMAP = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: extra}\ndata: {kubeConfig: other}\n"
+
+
+def test_the_path_comes_from_the_environment_of_a_stored_stream() -> None:
+    env = HEAD + "  kubernetes: {install: true, kubeConfig: ./out/kubeconfig}\n"
+    assert spec_kubeconfig_path(f"{CONFIGMAP}---\n{env}") == "./out/kubeconfig"
+    assert spec_kubeconfig_path(f"---\n{env}---\n{CONFIGMAP}") == "./out/kubeconfig"
+    # Keys in any case, as the controller read them.
+    assert spec_kubeconfig_path(f"{CONFIGMAP}---\n{env.replace('spec:', 'Spec:')}") == "./out/kubeconfig"
+
+
+def test_no_path_from_a_stream_without_its_one_environment() -> None:
+    env = HEAD + "  kubernetes: {install: true, kubeConfig: kc}\n"
+    assert spec_kubeconfig_path(f"{CONFIGMAP}---\n{CONFIGMAP}") == ""
+    assert spec_kubeconfig_path(f"{env}---\n{env}") == ""
+
+
+@pytest.mark.parametrize("path", ["/etc/kubernetes/admin.conf", "~/.kube/config", "../../etc/x"])
+def test_a_path_tether_refuses_is_an_error_naming_it_never_ignored(path: str) -> None:
+    # Refused at apply since; one stored before is not written to, nor silently printed.
+    with pytest.raises(CliError, match=r"spec\.kubernetes\.kubeConfig '.*': .*give --file PATH") as err:
+        spec_kubeconfig_path(HEAD + f"  kubernetes: {{install: true, kubeConfig: '{path}'}}\n")
+    assert repr(path) in str(err.value)
 
 
 def test_no_path_in_an_odd_document() -> None:

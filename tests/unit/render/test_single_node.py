@@ -114,9 +114,15 @@ def test_remote_access_and_kube_config_are_read() -> None:
             "  kubernetes: {install: true, kubeConfig: ../up/kc}\n",
             "spec.kubernetes.kubeConfig: path must not contain '..'",
         ),
-        (
+        (  # relative to tetherctl's working directory: never ~ or absolute (the path is named)
             "  kubernetes: {install: true, kubeConfig: '~/kc'}\n",
-            "spec.kubernetes.kubeConfig: path may contain only",
+            "spec.kubernetes.kubeConfig: must be relative to the working directory (no leading / or ~) "
+            "(got '~/kc')",
+        ),
+        (
+            "  kubernetes: {install: true, kubeConfig: /etc/kubernetes/admin.conf}\n",
+            "spec.kubernetes.kubeConfig: must be relative to the working directory (no leading / or ~) "
+            "(got '/etc/kubernetes/admin.conf')",
         ),
         (
             "  kubernetes: {install: true, remoteAccess: 'yes'}\n",

@@ -10,9 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tether.controller.limits import MAX_YAML_DEPTH, MAX_YAML_NODES
-from tether.controller.spec import SpecError, inline_local_files, load_document
+from tether.controller.spec import SpecError, bounded_yaml, inline_local_files, load_document
 
 HEAD = "apiVersion: tether.dev/v1alpha1\nkind: Environment\nmetadata: {name: env}\n"
 
@@ -63,6 +64,29 @@ def test_billion_laughs_is_refused_by_the_node_limit() -> None:
 def test_an_alias_inside_the_node_it_names_is_refused() -> None:
     line = _one_problem(HEAD + "spec: &s {kernel: *s}\n")
     assert "inside the node it names" in line
+
+
+@pytest.mark.parametrize(
+    "stream",
+    [
+        "a: &a x\n---\nb: &a [*a]\n",  # an anchor of document 1 named again in document 2
+        HEAD + "x: &s 1\n---\n" + HEAD + "futureField: &s {y: *s}\n",  # a loop in the Environment
+        "a: &s 1\n---\n" + HEAD + "spec: {x: &s {y: *s}}\n",
+    ],
+    ids=["second-document", "environment", "environment-spec"],
+)
+def test_an_alias_inside_the_node_it_names_is_refused_in_any_document_of_a_stream(stream: str) -> None:
+    # PyYAML starts anchors afresh in every document: an anchor finished in an earlier document
+    # says nothing about the size of one of the same name still open in this one.
+    with pytest.raises(bounded_yaml.YamlLimit, match="inside the node it names"):
+        bounded_yaml.load_all(stream)
+    assert "inside the node it names" in _one_problem(stream)
+
+
+def test_an_anchor_of_an_earlier_document_is_not_known_in_the_next() -> None:
+    with pytest.raises(yaml.YAMLError, match="undefined alias"):
+        bounded_yaml.load_all("a: &a x\n---\nb: *a\n")
+    assert bounded_yaml.load_all("a: &a x\n---\nb: &a [1]\nc: *a\n") == [{"a": "x"}, {"b": [1], "c": [1]}]
 
 
 def test_a_few_aliases_still_load() -> None:

@@ -1,0 +1,74 @@
+"""Issue 14 review: the DNS-name clash of a new environment names the other environment only to an
+admin who may see it; to a scoped admin outside it, it is "another environment"."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
+import grpc
+import pytest
+
+from tether.controller import wire
+from tether.controller.admin_service import AdminService
+from tether.controller.auth import Kind, Principal
+from tether.controller.store.records import EnvironmentRecord
+
+DOCUMENT = (
+    "apiVersion: holodeck.nvidia.com/v1alpha1\nkind: Environment\nmetadata:\n  name: a-b\n"
+    "spec:\n  kernel: {version: 6.8.0-1015-aws}\n"
+)
+
+
+class _Aborted(Exception):
+    pass
+
+
+class _Context:
+    def __init__(self) -> None:
+        self.status: tuple[grpc.StatusCode, str] | None = None
+
+    async def abort(self, code: grpc.StatusCode, details: str) -> None:
+        self.status = (code, details)
+        raise _Aborted(details)
+
+    async def abort_with_status(self, status: grpc.Status) -> None:
+        await self.abort(status.code, status.details)
+
+
+def _refusal(principal: Principal) -> tuple[grpc.StatusCode, str]:
+    existing = EnvironmentRecord("a_b", "", "v1alpha1", {}, 1, 0, 0)
+    app = SimpleNamespace(
+        config=SimpleNamespace(max_document_bytes=1 << 20),
+        auth=SimpleNamespace(principal=lambda context: principal),
+        store=SimpleNamespace(get_environment=lambda name: None, list_environments=lambda: [existing]),
+    )
+    service = AdminService(app, agents=None)  # type: ignore[arg-type]
+    context = _Context()
+    request = wire.admin.ApplyEnvironmentRequest(document=DOCUMENT, dry_run=True)
+
+    async def apply() -> Any:
+        return await service.ApplyEnvironment(request, context)
+
+    with pytest.raises(_Aborted):
+        asyncio.run(apply())
+    assert context.status is not None
+    return context.status
+
+
+def test_an_admin_who_may_see_the_other_environment_is_told_its_name() -> None:
+    for principal in (
+        Principal(Kind.ADMIN, "root", "admin"),
+        Principal(Kind.ADMIN, "ci", "admin", environments=frozenset({"a-b", "a_b"})),
+    ):
+        code, details = _refusal(principal)
+        assert code == grpc.StatusCode.ALREADY_EXISTS
+        assert "would have the DNS name 'a-b', which environment 'a_b' already has" in details
+
+
+def test_a_scoped_admin_outside_the_other_environment_is_not_told_its_name() -> None:
+    code, details = _refusal(Principal(Kind.ADMIN, "ci", "admin", environments=frozenset({"a-b"})))
+    assert code == grpc.StatusCode.ALREADY_EXISTS
+    assert "would have the DNS name 'a-b', which another environment already has" in details
+    assert "a_b" not in details
