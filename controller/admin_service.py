@@ -42,6 +42,9 @@ class AdminService(wire.AdminServiceServicer):
         self.app = app
         self.agents = agents
         self.documents = DocumentParser(app.config.max_document_bytes)
+        # Applies check that a new environment's DNS-safe name is free, then write: one at a time
+        # in this process (replicas on a shared store would need the check in the write).
+        self._creating = asyncio.Lock()
 
     def _caller(self, context: Any, *, write: bool) -> Principal:
         principal = self.app.auth.principal(context)
@@ -115,16 +118,17 @@ class AdminService(wire.AdminServiceServicer):
                 changed=existing is None or existing.document != request.document,
                 notes=list(loaded.notes),
             )
-        before = app.store.get_environment(name)
-        if before is None:  # checked before the write, not in it: a known limit (see the function)
-            _check_dns_name_free(app, name, who)
-        record, changed = await app.store.put_environment(  # Aborted at a stale expected_generation
-            name,
-            request.document,
-            loaded.api_version,
-            loaded.normalized,
-            expected_generation=request.expected_generation,
-        )
+        async with self._creating:  # a new name's check and its write, one apply at a time
+            before = app.store.get_environment(name)
+            if before is None:
+                _check_dns_name_free(app, name, who)
+            record, changed = await app.store.put_environment(  # Aborted at a stale expected_generation
+                name,
+                request.document,
+                loaded.api_version,
+                loaded.normalized,
+                expected_generation=request.expected_generation,
+            )
         replaced = record.generation if not changed else record.generation - 1 if before else 0
         audit.note(generation_before=replaced, generation_after=record.generation)  # not a concurrent one's
         app.planner.remember(record, loaded)  # plans render without parsing it again
@@ -784,9 +788,9 @@ def _check_dns_name_free(app: App, name: str, who: Principal) -> None:
     environment is named only to a caller who may see it; to a scoped admin outside it, it is
     "another environment" (its name is not the caller's to learn).
 
-    Known limit: this is checked before the store's write, not inside it, so two concurrent
-    applies of new names with the same DNS-safe form (``a_b`` and ``a-b`` at once) can both pass
-    (docs/holodeck-files.md, "Names")."""
+    Checked before the store's write, under ``AdminService._creating`` with it, so two concurrent
+    applies in this process cannot both pass; controller replicas sharing a store would need the
+    check inside the write (docs/holodeck-files.md, "Names")."""
     dns = names.dns_name(name)
     clash = next(
         (e.name for e in app.store.list_environments() if e.name != name and names.dns_name(e.name) == dns),

@@ -14,6 +14,7 @@ from tether.controller import wire
 from tether.controller.admin_service import AdminService
 from tether.controller.auth import Kind, Principal
 from tether.controller.store.records import EnvironmentRecord
+from tether.nodeagent.secrets import Redactor
 
 DOCUMENT = (
     "apiVersion: holodeck.nvidia.com/v1alpha1\nkind: Environment\nmetadata:\n  name: a-b\n"
@@ -72,3 +73,59 @@ def test_a_scoped_admin_outside_the_other_environment_is_not_told_its_name() -> 
     assert code == grpc.StatusCode.ALREADY_EXISTS
     assert "would have the DNS name 'a-b', which another environment already has" in details
     assert "a_b" not in details
+
+
+class _SlowStore:
+    """A store whose write takes a while: two applies of clashing new names overlap in it."""
+
+    def __init__(self) -> None:
+        self.envs: dict[str, EnvironmentRecord] = {}
+
+    def get_environment(self, name: str) -> EnvironmentRecord | None:
+        return self.envs.get(name)
+
+    def list_environments(self) -> list[EnvironmentRecord]:
+        return list(self.envs.values())
+
+    def list_nodes(self, name: str) -> list[Any]:
+        return []
+
+    async def append_audit(self, record: Any) -> Any:
+        return record
+
+    async def put_environment(self, name: str, document: str, *args: Any, **kw: Any) -> Any:
+        await asyncio.sleep(0.05)
+        self.envs[name] = EnvironmentRecord(name, document, "v1alpha1", {}, 1, 0, 0)
+        return self.envs[name], True
+
+
+def test_two_concurrent_applies_of_clashing_new_names_cannot_both_succeed() -> None:
+    store = _SlowStore()
+    admin = Principal(Kind.ADMIN, "root", "admin")
+
+    async def noop(*args: Any, **kw: Any) -> None:
+        return None
+
+    app = SimpleNamespace(
+        config=SimpleNamespace(max_document_bytes=1 << 20),
+        auth=SimpleNamespace(principal=lambda context: admin),
+        store=store,
+        planner=SimpleNamespace(remember=lambda record, loaded: None),
+        rollouts=SimpleNamespace(start=noop),
+        redactor=Redactor(),
+    )
+    service = AdminService(app, agents=None)  # type: ignore[arg-type]
+
+    async def apply(name: str) -> str:
+        request = wire.admin.ApplyEnvironmentRequest(document=DOCUMENT.replace("a-b", name))
+        try:
+            await service.ApplyEnvironment(request, _Context())
+        except _Aborted:
+            return "refused"
+        return "applied"
+
+    async def both() -> list[str]:
+        return list(await asyncio.gather(apply("a-b"), apply("a_b")))
+
+    assert sorted(asyncio.run(both())) == ["applied", "refused"]
+    assert len(store.envs) == 1
