@@ -16,6 +16,7 @@ follower takes over when the leader is gone) and no load balancer on the bridge:
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from collections.abc import Callable
@@ -115,7 +116,13 @@ def test_three_control_planes_and_a_worker_without_a_load_balancer_survive_losin
         else:
             seen.append((time.monotonic() - off, ready(nodes[WORKER]), heartbeat(nodes[WORKER])))
         time.sleep(3)
-    assert all(s[1] == "True" for s in seen), f"the worker did not stay Ready: {seen}"
+    # The observer's own kubectl goes through the survivor's balancer too: a request caught in the
+    # seconds before the dead backend is marked down may fail. That is the observer, not the worker:
+    # every reading must say Ready, and readings must keep coming (no gap over 20 s).
+    readings = [s for s in seen if s[1] != "kubectl failed"]
+    assert readings and all(s[1] == "True" for s in readings), f"the worker did not stay Ready: {seen}"
+    times = [0.0, *(s[0] for s in readings), time.monotonic() - off]
+    assert max(b - a for a, b in itertools.pairwise(times)) <= 20, f"no reading for over 20 s: {seen}"
     final = lab.kubectl_nodes(survivor)
     assert heartbeat(final[WORKER]) > before, "the worker's kubelet stopped posting status"
     assert ready(final[init]) == "Unknown"  # the powered-off one: heartbeats are checked at all
