@@ -27,6 +27,7 @@ STATE_DIR = Path(os.environ.get("K8S_STANDIN_STATE_DIR", "/var/lib/k8s-standin")
 LOG_DIR = Path(os.environ.get("K8S_STANDIN_LOG_DIR", "/var/log/kubeadm-standin"))
 KUBELET_DIR = Path("/var/lib/kubelet")
 API_PORT = 6443
+CONNECT_TIMEOUT_S = 4.0  # TCP and TLS set-up of one stand-in HTTPS request (the answer gets the full timeout)
 DEFAULT_CRI_SOCKET = "unix:///var/run/containerd/containerd.sock"
 TOKEN_RE = re.compile(r"^([a-z0-9]{6})\.([a-z0-9]{16})$")
 TOKEN_ANY = re.compile(r"\b([a-z0-9]{6})\.([a-z0-9]{16})\b")
@@ -343,8 +344,15 @@ class Api:
 
     def raw(self, method: str, path: str, data: bytes | None, headers: dict[str, str]) -> tuple[int, bytes]:
         """One HTTPS request; (status, body). Raises Unreachable, or SSLCertVerificationError."""
-        conn = http.client.HTTPSConnection(self.host, self.port, context=self.ctx, timeout=self.timeout)
+        # A short connect timeout, the full one for the answer: a powered-off peer (its neighbour
+        # entry still fresh, so no quick "no route") must not hold a forwarded request past the
+        # client's own timeout, while a slow but live answer still gets its time.
+        connect = min(self.timeout, CONNECT_TIMEOUT_S)
+        conn = http.client.HTTPSConnection(self.host, self.port, context=self.ctx, timeout=connect)
         try:
+            conn.connect()
+            if conn.sock is not None:
+                conn.sock.settimeout(self.timeout)
             conn.request(method, path, body=data, headers=headers)
             resp = conn.getresponse()
             return resp.status, resp.read()
