@@ -27,6 +27,14 @@ _ALL = sorted(os.sched_getaffinity(0))
 SERVER_CPUS: set[int] = {_ALL[0]}
 CLIENT_CPUS: set[int] = set(_ALL[1:]) or {_ALL[0]}
 
+
+def pinned(argv: list[str], cpus: set[int]) -> list[str]:
+    """``argv`` run on ``cpus`` only, pinned before it starts (taskset execs it: same PID), so every
+    thread it ever starts inherits the mask. Not ``preexec_fn``: forking a process with threads
+    and running Python in the child before exec can abort the child (seen: SIGABRT)."""
+    return ["taskset", "-c", ",".join(str(c) for c in sorted(cpus)), *argv]
+
+
 T0 = time.monotonic()
 
 
@@ -65,14 +73,12 @@ class Proc:
         log_file = log_path.open("ab")
         try:
             self.popen = subprocess.Popen(
-                self.args,
+                pinned(self.args, cpus),
                 stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
                 stdout=subprocess.PIPE if stdout else log_file,
                 stderr=log_file,
                 cwd=str(cwd or REPO),
                 env=env or child_env(),
-                # Pinned before exec: every thread the child ever starts inherits the mask.
-                preexec_fn=lambda: os.sched_setaffinity(0, cpus),
                 start_new_session=True,
             )
         finally:

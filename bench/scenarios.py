@@ -10,7 +10,6 @@ fleet enrolls for real first (enrollment rate), and a real agent runs a 50-step 
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -24,7 +23,7 @@ from typing import Any
 import grpc
 
 from bench import messages
-from bench.common import BIN, CLIENT_CPUS, SERVER_CPUS, Figure, Proc, log
+from bench.common import BIN, CLIENT_CPUS, SERVER_CPUS, Figure, Proc, log, pinned
 from bench.servers import MAX_AGENTS_PER_SIM, Bare, Controller, Server, Sims
 from tether.controller.limits import QUOTA_PAUSE_SECONDS
 
@@ -921,18 +920,21 @@ def agent_overhead(work: Path, ctl: Controller, sizes: Sizes) -> list[Figure]:
     for _ in range(max(5, sizes.overhead_runs)):
         t0 = time.perf_counter()
         subprocess.run(
-            ["bash", "-c", 'for f in "$@"; do bash "$f"; done', "bash", *map(str, scripts)],
+            pinned(
+                ["bash", "-c", 'for f in "$@"; do bash "$f"; done', "bash", *map(str, scripts)], CLIENT_CPUS
+            ),
             check=True,
             stdout=subprocess.PIPE,
-            preexec_fn=lambda: os.sched_setaffinity(0, CLIENT_CPUS),
         )
         bash_runs.append(time.perf_counter() - t0)
     floor = subprocess.run(
-        [sys.executable, str(Path(__file__).with_name("spawn_floor.py")), "5", *map(str, scripts)],
+        pinned(
+            [sys.executable, str(Path(__file__).with_name("spawn_floor.py")), "5", *map(str, scripts)],
+            CLIENT_CPUS,
+        ),
         check=True,
         stdout=subprocess.PIPE,
         text=True,
-        preexec_fn=lambda: os.sched_setaffinity(0, CLIENT_CPUS),
     )
     floor_s = float(floor.stdout.strip())
     agent_s = statistics.median(spans)
