@@ -2216,6 +2216,91 @@ class ListAgentBundlesResponse(_message.Message):
 Global___ListAgentBundlesResponse: _TypeAlias = ListAgentBundlesResponse  # noqa: Y015
 
 @_typing.final
+class ListControllersRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListControllersRequest: _TypeAlias = ListControllersRequest  # noqa: Y015
+
+@_typing.final
+class ControllerReplica(_message.Message):
+    """One controller replica."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    ADDRESS_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    LAST_SEEN_MS_FIELD_NUMBER: _builtins.int
+    LEADER_FIELD_NUMBER: _builtins.int
+    LIVE_FIELD_NUMBER: _builtins.int
+    STARTED_MS_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    """The replica's id (random, one per process start)."""
+    address: _builtins.str
+    """HOST:PORT agents and admins reach it at (its --advertise address)."""
+    version: _builtins.str
+    """The tether version it runs."""
+    last_seen_ms: _builtins.int
+    """When it last reported, milliseconds since the epoch."""
+    leader: _builtins.bool
+    """Whether it holds the singleton lease (runs rollouts, sweeps, join-material refresh)."""
+    live: _builtins.bool
+    """Whether it reported recently enough to count as running."""
+    started_ms: _builtins.int
+    """When it started, milliseconds since the epoch."""
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        address: _builtins.str = ...,
+        version: _builtins.str = ...,
+        last_seen_ms: _builtins.int = ...,
+        leader: _builtins.bool = ...,
+        live: _builtins.bool = ...,
+        started_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "id", b"id", "last_seen_ms", b"last_seen_ms", "leader", b"leader", "live", b"live", "started_ms", b"started_ms", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ControllerReplica: _TypeAlias = ControllerReplica  # noqa: Y015
+
+@_typing.final
+class ListControllersResponse(_message.Message):
+    """The controller replicas."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONTROLLERS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def controllers(self) -> _containers.RepeatedCompositeFieldContainer[Global___ControllerReplica]:
+        """Every replica registered in the store (stale ones too, marked not live)."""
+
+    def __init__(
+        self,
+        *,
+        controllers: _abc.Iterable[Global___ControllerReplica] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["controllers", b"controllers"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListControllersResponse: _TypeAlias = ListControllersResponse  # noqa: Y015
+
+@_typing.final
 class WatchNodesRequest(_message.Message):
     """Which nodes to watch, and from where."""
 

@@ -206,6 +206,11 @@ class AdminServiceStub:
                 request_serializer=tether_dot_v1_dot_admin__pb2.ListAuditRecordsRequest.SerializeToString,
                 response_deserializer=tether_dot_v1_dot_admin__pb2.ListAuditRecordsResponse.FromString,
                 _registered_method=True)
+        self.ListControllers = channel.unary_unary(
+                '/tether.v1.AdminService/ListControllers',
+                request_serializer=tether_dot_v1_dot_admin__pb2.ListControllersRequest.SerializeToString,
+                response_deserializer=tether_dot_v1_dot_admin__pb2.ListControllersResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -457,6 +462,14 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListControllers(self, request, context):
+        """The controller replicas sharing this controller's store, live ones first: each registers
+        itself and reports every few seconds; one of them (the leader) runs the singleton work.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -619,6 +632,11 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.ListAuditRecords,
                     request_deserializer=tether_dot_v1_dot_admin__pb2.ListAuditRecordsRequest.FromString,
                     response_serializer=tether_dot_v1_dot_admin__pb2.ListAuditRecordsResponse.SerializeToString,
+            ),
+            'ListControllers': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListControllers,
+                    request_deserializer=tether_dot_v1_dot_admin__pb2.ListControllersRequest.FromString,
+                    response_serializer=tether_dot_v1_dot_admin__pb2.ListControllersResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1496,6 +1514,33 @@ class AdminService:
             '/tether.v1.AdminService/ListAuditRecords',
             tether_dot_v1_dot_admin__pb2.ListAuditRecordsRequest.SerializeToString,
             tether_dot_v1_dot_admin__pb2.ListAuditRecordsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListControllers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tether.v1.AdminService/ListControllers',
+            tether_dot_v1_dot_admin__pb2.ListControllersRequest.SerializeToString,
+            tether_dot_v1_dot_admin__pb2.ListControllersResponse.FromString,
             options,
             channel_credentials,
             insecure,

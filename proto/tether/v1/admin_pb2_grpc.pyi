@@ -133,6 +133,10 @@ class AdminServiceStub:
     """
     ListAuditRecords: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListAuditRecordsRequest, _admin_pb2.ListAuditRecordsResponse]
     """Who changed what: every mutating call, newest first, paged."""
+    ListControllers: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListControllersRequest, _admin_pb2.ListControllersResponse]
+    """The controller replicas sharing this controller's store, live ones first: each registers
+    itself and reports every few seconds; one of them (the leader) runs the singleton work.
+    """
 
 @_typing.type_check_only
 class AdminServiceAsyncStub(AdminServiceStub):
@@ -233,6 +237,10 @@ class AdminServiceAsyncStub(AdminServiceStub):
     """
     ListAuditRecords: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListAuditRecordsRequest, _admin_pb2.ListAuditRecordsResponse]  # type: ignore[assignment]
     """Who changed what: every mutating call, newest first, paged."""
+    ListControllers: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListControllersRequest, _admin_pb2.ListControllersResponse]  # type: ignore[assignment]
+    """The controller replicas sharing this controller's store, live ones first: each registers
+    itself and reports every few seconds; one of them (the leader) runs the singleton work.
+    """
 
 class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
     """The admin service of a controller.
@@ -522,5 +530,15 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_admin_pb2.ListAuditRecordsResponse, _abc.Awaitable[_admin_pb2.ListAuditRecordsResponse]]:
         """Who changed what: every mutating call, newest first, paged."""
+
+    @_abc_1.abstractmethod
+    def ListControllers(
+        self,
+        request: _admin_pb2.ListControllersRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.ListControllersResponse, _abc.Awaitable[_admin_pb2.ListControllersResponse]]:
+        """The controller replicas sharing this controller's store, live ones first: each registers
+        itself and reports every few seconds; one of them (the leader) runs the singleton work.
+        """
 
 def add_AdminServiceServicer_to_server(servicer: AdminServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -597,19 +597,27 @@ class Welcome(_message.Message):
 
     NODE_NAME_FIELD_NUMBER: _builtins.int
     STORED_SEQ_FIELD_NUMBER: _builtins.int
+    CONTROLLERS_FIELD_NUMBER: _builtins.int
     node_name: _builtins.str
     """The node's name, as the certificate says."""
     stored_seq: _builtins.int
     """Highest contiguous event seq stored for this node: the agent resends from there."""
+    @_builtins.property
+    def controllers(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Every live controller replica's address (HOST:PORT): the agent reconnects to another of
+        them when its own fails. Empty: keep the addresses it has.
+        """
+
     def __init__(
         self,
         *,
         node_name: _builtins.str = ...,
         stored_seq: _builtins.int = ...,
+        controllers: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["node_name", b"node_name", "stored_seq", b"stored_seq"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["controllers", b"controllers", "node_name", b"node_name", "stored_seq", b"stored_seq"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
