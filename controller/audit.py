@@ -258,7 +258,7 @@ def _secret_forms(value: str) -> list[str]:
 # -- ListAuditRecords ----------------------------------------------------------------------------
 
 
-def list_records(app: Any, who: Principal, request: Any) -> Any:
+async def list_records(app: Any, who: Principal, request: Any) -> Any:
     """One page of records, newest first: of ``request.environment``, else of every environment
     the caller may see (a scoped admin: only its environments' records)."""
     if request.environment:
@@ -268,7 +268,7 @@ def list_records(app: Any, who: Principal, request: Any) -> Any:
     )
     before = _before_id(page.after)
     scope = sorted(who.environments)
-    records = app.store.list_audit(request.environment, before, page.size + 1, scope)
+    records = await app.store.list_audit(request.environment, before, page.size + 1, scope)
     result = paging.take(records, page, lambda r: str(r.id), record_to_pb)
     return wire.admin.ListAuditRecordsResponse(records=result.items, next_page_token=result.next_page_token)
 

@@ -5,13 +5,38 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, Protocol
 
-from tether.controller.store.records import AuditRecord, EnvironmentRecord, NodeRecord, StepRecord
+from tether.controller.store.records import (
+    AuditRecord,
+    EnvironmentRecord,
+    NodeRecord,
+    StepRecord,
+    StoreChange,
+)
 from tether.controller.tokens import TokenRecord
 from tether.nodeagent.model import Event, Plan
 
+KEEP_REVISIONS = 20  # an environment's past documents kept (and every one a node still runs)
+KEEP_AUDIT_RECORDS = 100_000  # the audit log's newest successful records kept; older ones go as new come
+KEEP_AUDIT_REFUSALS = 10_000  # its newest refusals (outcome not "ok"), kept apart: they never evict a change
+
 
 class Store(Protocol):
+    replica_id: str  # this process's id (uuid4 hex), in every change it announces
+    kind: str  # "sqlite" | "postgresql"
+
     async def close(self) -> None: ...
+
+    # replicas: changes made by OTHER replicas sharing this store, messages between them, leases.
+    # ``listener`` is called on the event loop once the synchronous reads show the change.
+    def subscribe(self, listener: Callable[[StoreChange], None]) -> None: ...
+    # a small message (<= 4000 bytes, never a secret) to every other replica's listeners
+    # as a "message" change
+    async def publish(self, topic: str, payload: str) -> None: ...
+    # a singleton lease: True when this replica holds ``name`` now (also when it already did)
+    async def try_lease(self, name: str) -> bool: ...
+    async def release_lease(self, name: str) -> None: ...
+    # ``callback(name)`` runs on the loop at once when a held lease is lost (connection gone)
+    def lease_lost(self, callback: Callable[[str], None]) -> None: ...
 
     # environments
     async def put_environment(
@@ -55,7 +80,7 @@ class Store(Protocol):
 
     # events
     async def append_events(self, node: str, events: Sequence[Event]) -> int: ...
-    def list_events(self, node: str, after_seq: int = 0, limit: int = 0) -> list[Event]: ...
+    async def list_events(self, node: str, after_seq: int = 0, limit: int = 0) -> list[Event]: ...
     def max_seq(self, node: str) -> int: ...
     async def accept_acked(self, node: str, acked_seq: int) -> int: ...
 
@@ -64,7 +89,7 @@ class Store(Protocol):
     async def append_audit(self, record: AuditRecord) -> AuditRecord: ...
     # newest first, ids below before_id (0: from the newest); environments: only those ("" in it
     # for records of no environment), empty: every record
-    def list_audit(
+    async def list_audit(
         self, environment: str = "", before_id: int = 0, limit: int = 100, environments: Collection[str] = ()
     ) -> list[AuditRecord]: ...
 
@@ -73,4 +98,8 @@ class Store(Protocol):
     async def kv_put_if_absent(self, key: str, value: bytes) -> bytes: ...
     def kv_get(self, key: str) -> bytes | None: ...
     def kv_keys(self, prefix: str) -> list[str]: ...
+
+    # the node as the database holds it now, re-read into the view first (several replicas: one
+    # enrolled or renewed through another replica a moment ago); else what get_node says
+    async def refresh_node(self, name: str) -> NodeRecord | None: ...
     async def kv_delete(self, key: str) -> None: ...

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 
 @dataclass(frozen=True)
@@ -75,3 +75,24 @@ class AuditRecord:
     generation_after: int = 0
     outcome: str = "ok"  # or the status code's name (PERMISSION_DENIED, ABORTED ...)
     detail: str = ""
+
+
+ChangeKind = Literal[
+    "node", "node_deleted", "environment", "environment_deleted", "token", "kv", "events", "message"
+]
+
+
+@dataclass(frozen=True)
+class StoreChange:
+    """A change another replica made, handed to ``Store.subscribe`` listeners once the view has it.
+
+    ``kind``: "node" (its record or steps; key = node name), "node_deleted", "environment",
+    "environment_deleted", "token" (key = token id), "kv" (key = kv key; also for a delete),
+    "events" (key = node, ``seq`` = its highest stored seq now), "message" (key = topic,
+    ``payload`` = what ``Store.publish`` sent).
+    """
+
+    kind: ChangeKind
+    key: str
+    seq: int = 0
+    payload: str = ""

@@ -15,13 +15,40 @@ import queue
 import sqlite3
 import threading
 import time
+import uuid
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import astuple, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
 from tether.controller.errors import StoreError, check_generation
-from tether.controller.store.records import AuditRecord, EnvironmentRecord, NodeRecord, StepRecord
+from tether.controller.store import base
+from tether.controller.store.migrations import SQLITE_VERSION, migrate_sqlite
+from tether.controller.store.records import (
+    AuditRecord,
+    EnvironmentRecord,
+    NodeRecord,
+    StepRecord,
+    StoreChange,
+)
+from tether.controller.store.rows import (
+    AUDIT_COLUMNS,
+    ENV_COLUMNS,
+    NODE_COLUMNS,
+    NODE_FIELDS,
+    STEP_COLUMNS,
+    TOKEN_COLUMNS,
+    encode_json,
+    env_record,
+    event_row,
+    node_record,
+    node_values,
+    plan_step_rows,
+    step_record,
+    step_updates,
+    token_record,
+    token_values,
+)
 from tether.controller.tokens import TokenRecord
 from tether.nodeagent.model import Event, EventKind, Plan, now_ms
 
@@ -29,86 +56,8 @@ T = TypeVar("T")
 WriteFn = Callable[[sqlite3.Connection], Any]
 CommitObserver = Callable[[float, int], None]  # (seconds, writes) of each group commit
 
-SCHEMA_VERSION = 5  # 4: the audit log (its table is made with the others, by SCHEMA); 5: nodes.hardware
-KEEP_REVISIONS = 20  # an environment's past documents kept (and every one a node still runs)
-KEEP_AUDIT_RECORDS = 100_000  # the audit log's newest successful records kept; older ones go as new come
-KEEP_AUDIT_REFUSALS = 10_000  # its newest refusals (outcome not "ok"), kept apart: they never evict a change
-AUDIT_DDL = """
-CREATE TABLE IF NOT EXISTS audit (
-    id INTEGER PRIMARY KEY AUTOINCREMENT, time_ms INTEGER NOT NULL, admin TEXT NOT NULL,
-    fingerprint TEXT NOT NULL, method TEXT NOT NULL, environment TEXT NOT NULL, node TEXT NOT NULL,
-    generation_before INTEGER NOT NULL, generation_after INTEGER NOT NULL, outcome TEXT NOT NULL,
-    detail TEXT NOT NULL);
-CREATE INDEX IF NOT EXISTS audit_by_environment ON audit (environment, id);
-CREATE INDEX IF NOT EXISTS audit_refusals ON audit (id) WHERE outcome != 'ok';
-"""
-REVISIONS_DDL = """
-CREATE TABLE IF NOT EXISTS environment_revisions (
-    name TEXT NOT NULL, generation INTEGER NOT NULL, document TEXT NOT NULL, api_version TEXT NOT NULL,
-    spec TEXT NOT NULL, created_ms INTEGER NOT NULL, agent_version TEXT NOT NULL DEFAULT '',
-    PRIMARY KEY (name, generation)) WITHOUT ROWID;
-"""
-SCHEMA = (
-    """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS environments (
-    name TEXT PRIMARY KEY, document TEXT NOT NULL, api_version TEXT NOT NULL, spec TEXT NOT NULL,
-    generation INTEGER NOT NULL, created_ms INTEGER NOT NULL, updated_ms INTEGER NOT NULL,
-    agent_version TEXT NOT NULL DEFAULT '');
-CREATE TABLE IF NOT EXISTS tokens (
-    id TEXT PRIMARY KEY, secret_hash TEXT NOT NULL, environment TEXT NOT NULL, role TEXT NOT NULL,
-    node_name TEXT NOT NULL, expires_ms INTEGER NOT NULL, max_uses INTEGER NOT NULL, uses INTEGER NOT NULL,
-    revoked INTEGER NOT NULL, created_ms INTEGER NOT NULL, description TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS nodes (
-    name TEXT PRIMARY KEY, environment TEXT NOT NULL, role TEXT NOT NULL, cert_fingerprint TEXT NOT NULL,
-    prev_fingerprint TEXT NOT NULL DEFAULT '', key_hash TEXT NOT NULL, token_id TEXT NOT NULL,
-    enrolled_ms INTEGER NOT NULL, revoked INTEGER NOT NULL DEFAULT 0, facts TEXT NOT NULL DEFAULT '{}',
-    health TEXT NOT NULL DEFAULT '{}', last_seen_ms INTEGER NOT NULL DEFAULT 0,
-    agent_version TEXT NOT NULL DEFAULT '', plan_generation INTEGER NOT NULL DEFAULT 0,
-    plan_digest TEXT NOT NULL DEFAULT '', stored_seq INTEGER NOT NULL DEFAULT 0,
-    agent_rolled_back_from TEXT NOT NULL DEFAULT '', hardware TEXT NOT NULL DEFAULT '{}');
-CREATE INDEX IF NOT EXISTS nodes_by_env ON nodes (environment);
-CREATE TABLE IF NOT EXISTS node_steps (
-    node TEXT NOT NULL, ordinal INTEGER NOT NULL, name TEXT NOT NULL, digest TEXT NOT NULL,
-    state TEXT NOT NULL, component TEXT NOT NULL, continue_on_error INTEGER NOT NULL,
-    exit_code INTEGER NOT NULL DEFAULT 0, attempt INTEGER NOT NULL DEFAULT 0,
-    updated_ms INTEGER NOT NULL DEFAULT 0, message TEXT NOT NULL DEFAULT '',
-    observed TEXT NOT NULL DEFAULT '{}', PRIMARY KEY (node, name)) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS events (
-    node TEXT NOT NULL, seq INTEGER NOT NULL, time_ms INTEGER NOT NULL, kind INTEGER NOT NULL,
-    step TEXT NOT NULL, body TEXT NOT NULL, PRIMARY KEY (node, seq)) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS kv (key TEXT PRIMARY KEY, value BLOB NOT NULL) WITHOUT ROWID;
-"""
-    + REVISIONS_DDL
-    + AUDIT_DDL
-)
-
-NODE_FIELDS = {
-    "environment",
-    "role",
-    "cert_fingerprint",
-    "prev_fingerprint",
-    "key_hash",
-    "token_id",
-    "enrolled_ms",
-    "revoked",
-    "facts",
-    "health",
-    "last_seen_ms",
-    "agent_version",
-    "agent_rolled_back_from",
-    "hardware",
-    "plan_generation",
-    "plan_digest",
-}
-
-_STEP_STATE_BY_KIND = {
-    EventKind.STARTED: "running",
-    EventKind.WAITING: "waiting",
-    EventKind.SUCCEEDED: "succeeded",
-    EventKind.FAILED: "failed",
-    EventKind.SKIPPED: "skipped",
-}
+SCHEMA_VERSION = SQLITE_VERSION
+KEEP_REVISIONS = base.KEEP_REVISIONS  # for imports; both backends read base's at call time
 
 
 def _connect(path: Path) -> sqlite3.Connection:
@@ -207,85 +156,6 @@ def _resolve_all(outcomes: list[_Outcome]) -> None:
             fut.set_result(result)
 
 
-_ENV_COLUMNS = "name, document, api_version, spec, generation, created_ms, updated_ms, agent_version"
-_AUDIT_COLUMNS = (
-    "time_ms, admin, fingerprint, method, environment, node, generation_before, generation_after, "
-    "outcome, detail"
-)
-
-
-def _env(row: sqlite3.Row | tuple[Any, ...]) -> EnvironmentRecord:
-    name, document, api_version, spec, generation, created, updated, agent_version = row
-    return EnvironmentRecord(
-        name, document, api_version, json.loads(spec), generation, created, updated, agent_version
-    )
-
-
-def _token(row: sqlite3.Row | tuple[Any, ...]) -> TokenRecord:
-    (tid, secret_hash, env, role, node_name, expires, max_uses, uses, revoked, created, desc) = row
-    return TokenRecord(
-        tid, secret_hash, env, role, node_name, expires, max_uses, uses, bool(revoked), created, desc
-    )
-
-
-_NODE_COLUMNS = (
-    "name, environment, role, cert_fingerprint, key_hash, token_id, enrolled_ms, revoked, facts, health, "
-    "last_seen_ms, agent_version, plan_generation, plan_digest, stored_seq, prev_fingerprint, "
-    "agent_rolled_back_from, hardware"
-)
-
-
-def _node(row: sqlite3.Row | tuple[Any, ...]) -> NodeRecord:
-    (
-        name,
-        env,
-        role,
-        fp,
-        key_hash,
-        token_id,
-        enrolled,
-        revoked,
-        facts,
-        health,
-        last_seen,
-        version,
-        generation,
-        digest,
-        stored_seq,
-        prev_fp,
-        rolled_back_from,
-        hardware,
-    ) = row
-    return NodeRecord(
-        name=name,
-        environment=env,
-        role=role,
-        cert_fingerprint=fp,
-        key_hash=key_hash,
-        token_id=token_id,
-        enrolled_ms=enrolled,
-        revoked=bool(revoked),
-        facts=json.loads(facts),
-        health=json.loads(health),
-        last_seen_ms=last_seen,
-        agent_version=version,
-        plan_generation=generation,
-        plan_digest=digest,
-        stored_seq=stored_seq,
-        prev_fingerprint=prev_fp,
-        agent_rolled_back_from=rolled_back_from,
-        hardware=json.loads(hardware),
-    )
-
-
-def _encode(value: Any) -> Any:
-    if isinstance(value, (dict, list)):
-        return json.dumps(value, sort_keys=True)
-    if isinstance(value, bool):
-        return int(value)
-    return value
-
-
 def _open(
     path: Path, migrate: WriteFn, observe: CommitObserver | None = None
 ) -> tuple[_Writer, sqlite3.Connection]:
@@ -309,10 +179,13 @@ def _open(
 
 
 class SqliteStore:
-    """``Store`` on one SQLite file."""
+    """``Store`` on one SQLite file (one replica: no listener is ever called, every lease is granted)."""
+
+    kind = "sqlite"
 
     def __init__(self, path: Path, observe_commit: CommitObserver | None = None) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
+        self.replica_id = uuid.uuid4().hex
         self.path = path
         self._writer, self._read = _open(path, self._migrate, observe_commit)
         for suffix in ("", "-wal", "-shm"):
@@ -327,34 +200,28 @@ class SqliteStore:
 
     @staticmethod
     def _migrate(conn: sqlite3.Connection) -> None:
-        row = None
-        if conn.execute("SELECT 1 FROM sqlite_master WHERE name='meta'").fetchone():
-            row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-        if row is not None and int(row[0]) > SCHEMA_VERSION:
-            raise StoreError(
-                f"the database schema {row[0]} is newer than this controller ({SCHEMA_VERSION}): "
-                "run the controller version that wrote it, or restore a backup"
-            )
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            if row is not None and int(row[0]) < 2:
-                _migrate_to_2(conn)
-            if row is not None and int(row[0]) < 3:
-                _migrate_to_3(conn)
-            if row is not None and int(row[0]) < 5:
-                _migrate_to_5(conn)
-            for statement in SCHEMA.split(";"):
-                if statement.strip():
-                    conn.execute(statement)
-            conn.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
+        migrate_sqlite(conn)
 
     async def close(self) -> None:
         await asyncio.to_thread(self._writer.close)
         self._read.close()
+
+    # -- replicas: one process owns the file, so there is nobody to hear from or tell -----------
+
+    def subscribe(self, listener: Callable[[StoreChange], None]) -> None:
+        """No other replica writes this file: ``listener`` is never called."""
+
+    async def publish(self, topic: str, payload: str) -> None:
+        """No other replica to tell."""
+
+    async def try_lease(self, name: str) -> bool:
+        return True
+
+    async def release_lease(self, name: str) -> None:
+        """Nothing is held."""
+
+    def lease_lost(self, callback: Callable[[str], None]) -> None:
+        """A lease on the one replica is never lost."""
 
     async def _write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         result: T = await self._writer.submit(fn)
@@ -379,11 +246,11 @@ class SqliteStore:
 
         def fn(conn: sqlite3.Connection) -> tuple[EnvironmentRecord, bool]:
             now = now_ms()
-            row = conn.execute(f"SELECT {_ENV_COLUMNS} FROM environments WHERE name=?", (name,)).fetchone()
+            row = conn.execute(f"SELECT {ENV_COLUMNS} FROM environments WHERE name=?", (name,)).fetchone()
             check_generation(name, row[4] if row else None, expected_generation)  # in the same transaction
             agent = (row[7] if row else "") if agent_version is None else agent_version
             if row is not None and row[3] == spec_json and row[1] == document and row[7] == agent:
-                return _env(row), False
+                return env_record(row), False
             # Generations never repeat for a name, even across delete and re-create (caches key on them).
             last = conn.execute("SELECT value FROM meta WHERE key=?", (f"generation:{name}",)).fetchone()
             generation = max(row[4] if row else 0, int(last[0]) if last else 0) + 1
@@ -391,14 +258,14 @@ class SqliteStore:
             created = row[5] if row else now
             values = (name, document, api_version, spec_json, generation, created, now, agent)
             conn.execute(
-                f"INSERT OR REPLACE INTO environments ({_ENV_COLUMNS}) VALUES (?,?,?,?,?,?,?,?)", values
+                f"INSERT OR REPLACE INTO environments ({ENV_COLUMNS}) VALUES (?,?,?,?,?,?,?,?)", values
             )
             conn.execute(
                 "INSERT OR REPLACE INTO environment_revisions VALUES (?,?,?,?,?,?,?)",
                 (name, generation, document, api_version, spec_json, now, agent),
             )
             _prune_revisions(conn, name)
-            return _env(values), True
+            return env_record(values), True
 
         return await self._write(fn)
 
@@ -410,7 +277,7 @@ class SqliteStore:
             "FROM environment_revisions WHERE name=? AND generation=?",
             (name, generation),
         )
-        return _env(rows[0]) if rows else None
+        return env_record(rows[0]) if rows else None
 
     def get_environment(self, name: str) -> EnvironmentRecord | None:
         rows = self._query(
@@ -422,15 +289,15 @@ class SqliteStore:
         cached = self._environments.get(name)
         if cached is not None and (cached.generation, cached.created_ms, cached.updated_ms) == rows[0]:
             return cached
-        rows = self._query(f"SELECT {_ENV_COLUMNS} FROM environments WHERE name=?", (name,))
+        rows = self._query(f"SELECT {ENV_COLUMNS} FROM environments WHERE name=?", (name,))
         if not rows:
             return None
-        env = _env(rows[0])
+        env = env_record(rows[0])
         self._environments[name] = env
         return env
 
     def list_environments(self) -> list[EnvironmentRecord]:
-        return [_env(r) for r in self._query(f"SELECT {_ENV_COLUMNS} FROM environments ORDER BY name")]
+        return [env_record(r) for r in self._query(f"SELECT {ENV_COLUMNS} FROM environments ORDER BY name")]
 
     async def delete_environment(self, name: str) -> bool:
         def fn(conn: sqlite3.Connection) -> bool:
@@ -444,34 +311,23 @@ class SqliteStore:
     async def put_token(self, record: TokenRecord) -> None:
         def fn(conn: sqlite3.Connection) -> None:
             conn.execute(
-                "INSERT INTO tokens VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-                (
-                    record.id,
-                    record.secret_hash,
-                    record.environment,
-                    record.role,
-                    record.node_name,
-                    record.expires_ms,
-                    record.max_uses,
-                    record.uses,
-                    int(record.revoked),
-                    record.created_ms,
-                    record.description,
-                ),
+                f"INSERT INTO tokens ({TOKEN_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?)", token_values(record)
             )
 
         await self._write(fn)
 
     def get_token(self, token_id: str) -> TokenRecord | None:
-        rows = self._query("SELECT * FROM tokens WHERE id=?", (token_id,))
-        return _token(rows[0]) if rows else None
+        rows = self._query(f"SELECT {TOKEN_COLUMNS} FROM tokens WHERE id=?", (token_id,))
+        return token_record(rows[0]) if rows else None
 
     def list_tokens(self, environment: str = "") -> list[TokenRecord]:
         if environment:
-            rows = self._query("SELECT * FROM tokens WHERE environment=? ORDER BY created_ms", (environment,))
+            rows = self._query(
+                f"SELECT {TOKEN_COLUMNS} FROM tokens WHERE environment=? ORDER BY created_ms", (environment,)
+            )
         else:
-            rows = self._query("SELECT * FROM tokens ORDER BY created_ms")
-        return [_token(r) for r in rows]
+            rows = self._query(f"SELECT {TOKEN_COLUMNS} FROM tokens ORDER BY created_ms")
+        return [token_record(r) for r in rows]
 
     async def revoke_token(self, token_id: str) -> bool:
         def fn(conn: sqlite3.Connection) -> bool:
@@ -493,39 +349,19 @@ class SqliteStore:
         """
 
         def fn(conn: sqlite3.Connection) -> NodeRecord:
-            row = conn.execute("SELECT * FROM tokens WHERE id=?", (token_id,)).fetchone()
-            token = _token(row) if row else None
-            node_row = conn.execute(
-                f"SELECT {_NODE_COLUMNS} FROM nodes WHERE name=?", (node_name,)
-            ).fetchone()
-            record, consume = decide(token, _node(node_row) if node_row else None)
+            row = conn.execute(f"SELECT {TOKEN_COLUMNS} FROM tokens WHERE id=?", (token_id,)).fetchone()
+            token = token_record(row) if row else None
+            node_row = conn.execute(f"SELECT {NODE_COLUMNS} FROM nodes WHERE name=?", (node_name,)).fetchone()
+            record, consume = decide(token, node_record(node_row) if node_row else None)
             if consume:
                 conn.execute("UPDATE tokens SET uses=uses+1 WHERE id=?", (token_id,))
                 # A fresh enrollment is a new machine: it has run none of the old one's steps.
                 conn.execute("DELETE FROM node_steps WHERE node=?", (node_name,))
+            # A fresh machine under this name starts with no quarantine or condition.
+            hardware = "{}" if consume else json.dumps(dict(record.hardware))
             conn.execute(
-                f"INSERT OR REPLACE INTO nodes ({_NODE_COLUMNS}) VALUES ({','.join('?' * 18)})",
-                (
-                    record.name,
-                    record.environment,
-                    record.role,
-                    record.cert_fingerprint,
-                    record.key_hash,
-                    record.token_id,
-                    record.enrolled_ms,
-                    int(record.revoked),
-                    json.dumps(dict(record.facts)),
-                    json.dumps(dict(record.health)),
-                    record.last_seen_ms,
-                    record.agent_version,
-                    record.plan_generation,
-                    record.plan_digest,
-                    record.stored_seq,
-                    record.prev_fingerprint,
-                    record.agent_rolled_back_from,
-                    # A fresh machine under this name starts with no quarantine or condition.
-                    "{}" if consume else json.dumps(dict(record.hardware)),
-                ),
+                f"INSERT OR REPLACE INTO nodes ({NODE_COLUMNS}) VALUES ({','.join('?' * 18)})",
+                node_values(record, hardware),
             )
             return record
 
@@ -534,17 +370,17 @@ class SqliteStore:
     # -- nodes --------------------------------------------------------------------------------
 
     def get_node(self, name: str) -> NodeRecord | None:
-        rows = self._query(f"SELECT {_NODE_COLUMNS} FROM nodes WHERE name=?", (name,))
-        return _node(rows[0]) if rows else None
+        rows = self._query(f"SELECT {NODE_COLUMNS} FROM nodes WHERE name=?", (name,))
+        return node_record(rows[0]) if rows else None
 
     def list_nodes(self, environment: str = "") -> list[NodeRecord]:
         if environment:
             rows = self._query(
-                f"SELECT {_NODE_COLUMNS} FROM nodes WHERE environment=? ORDER BY name", (environment,)
+                f"SELECT {NODE_COLUMNS} FROM nodes WHERE environment=? ORDER BY name", (environment,)
             )
         else:
-            rows = self._query(f"SELECT {_NODE_COLUMNS} FROM nodes ORDER BY name")
-        return [_node(r) for r in rows]
+            rows = self._query(f"SELECT {NODE_COLUMNS} FROM nodes ORDER BY name")
+        return [node_record(r) for r in rows]
 
     def list_nodes_page(self, environment: str, after: str, limit: int) -> list[NodeRecord]:
         """Up to ``limit`` nodes named after ``after``, by name: one page of a keyset scan."""
@@ -552,8 +388,8 @@ class SqliteStore:
             where, args = "name > ? AND environment=?", [after, environment]
         else:
             where, args = "name > ?", [after]
-        sql = f"SELECT {_NODE_COLUMNS} FROM nodes WHERE {where} ORDER BY name LIMIT ?"
-        return [_node(r) for r in self._query(sql, [*args, limit])]
+        sql = f"SELECT {NODE_COLUMNS} FROM nodes WHERE {where} ORDER BY name LIMIT ?"
+        return [node_record(r) for r in self._query(sql, [*args, limit])]
 
     async def update_node(self, name: str, **fields: Any) -> None:
         unknown = set(fields) - NODE_FIELDS
@@ -562,7 +398,7 @@ class SqliteStore:
         if not fields:
             return
         cols = ", ".join(f"{k}=?" for k in fields)
-        values = [_encode(v) for v in fields.values()]
+        values = [_sqlite_value(v) for v in fields.values()]
 
         def fn(conn: sqlite3.Connection) -> None:
             conn.execute(f"UPDATE nodes SET {cols} WHERE name=?", (*values, name))
@@ -601,29 +437,7 @@ class SqliteStore:
                 )
             }
             conn.execute("DELETE FROM node_steps WHERE node=?", (name,))
-            rows = []
-            for i, step in enumerate(plan.steps):
-                prev = old.get(step.name)
-                if prev is not None and prev[1] == step.digest:
-                    state, exit_code, attempt, updated, message, observed = prev[2:]
-                else:
-                    state, exit_code, attempt, updated, message, observed = "pending", 0, 0, 0, "", "{}"
-                rows.append(
-                    (
-                        name,
-                        i,
-                        step.name,
-                        step.digest,
-                        state,
-                        step.component,
-                        int(step.continue_on_error),
-                        exit_code,
-                        attempt,
-                        updated,
-                        message,
-                        observed,
-                    )
-                )
+            rows = plan_step_rows(name, plan.steps, old)
             conn.executemany("INSERT INTO node_steps VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", rows)
             conn.execute(
                 "UPDATE nodes SET plan_generation=?, plan_digest=? WHERE name=?",
@@ -633,28 +447,8 @@ class SqliteStore:
         await self._write(fn)
 
     def node_steps(self, name: str) -> list[StepRecord]:
-        rows = self._query(
-            "SELECT node, ordinal, name, digest, state, component, continue_on_error, exit_code, attempt, "
-            "updated_ms, message, observed FROM node_steps WHERE node=? ORDER BY ordinal",
-            (name,),
-        )
-        return [
-            StepRecord(
-                node=r[0],
-                ordinal=r[1],
-                name=r[2],
-                digest=r[3],
-                state=r[4],
-                component=r[5],
-                continue_on_error=bool(r[6]),
-                exit_code=r[7],
-                attempt=r[8],
-                updated_ms=r[9],
-                message=r[10],
-                observed=json.loads(r[11]),
-            )
-            for r in rows
-        ]
+        rows = self._query(f"SELECT {STEP_COLUMNS} FROM node_steps WHERE node=? ORDER BY ordinal", (name,))
+        return [step_record(r) for r in rows]
 
     async def reset_steps(self, name: str, steps: Sequence[str]) -> None:
         def fn(conn: sqlite3.Connection) -> None:
@@ -682,7 +476,7 @@ class SqliteStore:
 
     async def append_events(self, node: str, events: Sequence[Event]) -> int:
         """Store events idempotently by (node, seq); returns the highest contiguous stored seq."""
-        rows = [_event_row(node, e) for e in events]
+        rows = [event_row(node, e) for e in events]
 
         def fn(conn: sqlite3.Connection) -> int:
             row = conn.execute("SELECT stored_seq FROM nodes WHERE name=?", (node,)).fetchone()
@@ -695,7 +489,7 @@ class SqliteStore:
             conn.executemany("INSERT OR IGNORE INTO events VALUES (?,?,?,?,?,?)", fresh)
             # Advance the contiguous mark over what is stored now (events beyond an old gap included).
             new_stored = _contiguous(conn, node, stored)
-            _apply_step_events(conn, node, [e for e in events if e.seq > stored])
+            _apply_step_events(conn, step_updates(node, [e for e in events if e.seq > stored]))
             conn.execute("UPDATE nodes SET stored_seq=? WHERE name=?", (new_stored, node))
             return new_stored
 
@@ -722,14 +516,14 @@ class SqliteStore:
                     "store was restored from an earlier copy; they are missing here"
                 ),
             )
-            conn.execute("INSERT OR IGNORE INTO events VALUES (?,?,?,?,?,?)", _event_row(node, gap))
+            conn.execute("INSERT OR IGNORE INTO events VALUES (?,?,?,?,?,?)", event_row(node, gap))
             new_stored = _contiguous(conn, node, acked_seq)
             conn.execute("UPDATE nodes SET stored_seq=? WHERE name=?", (new_stored, node))
             return new_stored
 
         return await self._write(fn)
 
-    def list_events(self, node: str, after_seq: int = 0, limit: int = 0) -> list[Event]:
+    async def list_events(self, node: str, after_seq: int = 0, limit: int = 0) -> list[Event]:
         sql = "SELECT body FROM events WHERE node=? AND seq>? ORDER BY seq"
         args: list[Any] = [node, after_seq]
         if limit:
@@ -750,10 +544,13 @@ class SqliteStore:
         values = astuple(record)[1:]
 
         def fn(conn: sqlite3.Connection) -> AuditRecord:
-            cur = conn.execute(f"INSERT INTO audit ({_AUDIT_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?)", values)
+            cur = conn.execute(f"INSERT INTO audit ({AUDIT_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?)", values)
             refusals = int(conn.execute("SELECT count(*) FROM audit WHERE outcome != 'ok'").fetchone()[0])
             changes = int(conn.execute("SELECT count(*) FROM audit").fetchone()[0]) - refusals
-            for op, excess in (("!=", refusals - KEEP_AUDIT_REFUSALS), ("=", changes - KEEP_AUDIT_RECORDS)):
+            for op, excess in (
+                ("!=", refusals - base.KEEP_AUDIT_REFUSALS),
+                ("=", changes - base.KEEP_AUDIT_RECORDS),
+            ):
                 if excess > 0:  # the oldest of that kind go (refusals by their index)
                     conn.execute(
                         "DELETE FROM audit WHERE id IN (SELECT id FROM audit WHERE outcome "
@@ -764,7 +561,7 @@ class SqliteStore:
 
         return await self._write(fn)
 
-    def list_audit(
+    async def list_audit(
         self, environment: str = "", before_id: int = 0, limit: int = 100, environments: Collection[str] = ()
     ) -> list[AuditRecord]:
         where: list[str] = ["id < ?"]
@@ -775,7 +572,7 @@ class SqliteStore:
         if environments:
             where.append(f"environment IN ({','.join('?' * len(environments))})")
             args.extend(sorted(environments))
-        sql = f"SELECT id, {_AUDIT_COLUMNS} FROM audit WHERE {' AND '.join(where)} ORDER BY id DESC LIMIT ?"
+        sql = f"SELECT id, {AUDIT_COLUMNS} FROM audit WHERE {' AND '.join(where)} ORDER BY id DESC LIMIT ?"
         return [AuditRecord(*r) for r in self._query(sql, [*args, limit])]
 
     # -- key/value ----------------------------------------------------------------------------
@@ -794,6 +591,9 @@ class SqliteStore:
 
         return await self._write(fn)
 
+    async def refresh_node(self, name: str) -> NodeRecord | None:
+        return self.get_node(name)  # one replica: what it reads is what the file holds
+
     def kv_keys(self, prefix: str) -> list[str]:
         rows = self._query(
             "SELECT key FROM kv WHERE key >= ? AND key < ? ORDER BY key", (prefix, prefix + "\uffff")
@@ -811,34 +611,11 @@ class SqliteStore:
         await self._write(fn)
 
 
-def _migrate_to_2(conn: sqlite3.Connection) -> None:
-    """Schema 1 -> 2 (in the caller's transaction): environments learn their agent version, and
-    their past documents are kept, starting with the current one."""
-    conn.execute("ALTER TABLE environments ADD COLUMN agent_version TEXT NOT NULL DEFAULT ''")
-    conn.execute(REVISIONS_DDL)
-    conn.execute(
-        "INSERT OR IGNORE INTO environment_revisions "
-        "SELECT name, generation, document, api_version, spec, updated_ms, agent_version FROM environments"
-    )
-
-
-def _migrate_to_3(conn: sqlite3.Connection) -> None:
-    """Schema 2 -> 3: a node remembers the agent version it rolled back from."""
-    conn.execute("ALTER TABLE nodes ADD COLUMN agent_rolled_back_from TEXT NOT NULL DEFAULT ''")
-
-
-def _migrate_to_5(conn: sqlite3.Connection) -> None:
-    """Schema 4 -> 5: a node keeps its hardware verdict (quarantine, releases, conditions)."""
-    columns = {row[1] for row in conn.execute("PRAGMA table_info(nodes)")}
-    if "hardware" not in columns:
-        conn.execute("ALTER TABLE nodes ADD COLUMN hardware TEXT NOT NULL DEFAULT '{}'")
-
-
 def _prune_revisions(conn: sqlite3.Connection, name: str) -> None:
     """Forget documents older than the last ``KEEP_REVISIONS`` that no node of ``name`` runs."""
     keep = conn.execute(
         "SELECT generation FROM environment_revisions WHERE name=? ORDER BY generation DESC LIMIT 1 OFFSET ?",
-        (name, KEEP_REVISIONS - 1),
+        (name, base.KEEP_REVISIONS - 1),
     ).fetchone()
     if keep is None:
         return
@@ -847,33 +624,6 @@ def _prune_revisions(conn: sqlite3.Connection, name: str) -> None:
     ).fetchone()[0]
     floor = min(keep[0], oldest_used) if oldest_used else keep[0]
     conn.execute("DELETE FROM environment_revisions WHERE name=? AND generation < ?", (name, floor))
-
-
-def _apply_step_events(conn: sqlite3.Connection, node: str, events: Sequence[Event]) -> None:
-    updates = []
-    for e in events:
-        state = "retrying" if e.kind is EventKind.FAILED and e.will_retry else _STEP_STATE_BY_KIND.get(e.kind)
-        if state is None or not e.step:
-            continue
-        updates.append(
-            (
-                state,
-                e.exit_code,
-                e.attempt,
-                e.time_ms,
-                e.message,
-                json.dumps(dict(e.observed), sort_keys=True) if e.observed else None,
-                node,
-                e.step,
-                e.digest,
-            )
-        )
-    if updates:
-        conn.executemany(
-            "UPDATE node_steps SET state=?, exit_code=?, attempt=?, updated_ms=?, message=?, "
-            "observed=COALESCE(?, observed) WHERE node=? AND name=? AND digest=?",
-            updates,
-        )
 
 
 def _contiguous(conn: sqlite3.Connection, node: str, start: int) -> int:
@@ -886,6 +636,15 @@ def _contiguous(conn: sqlite3.Connection, node: str, start: int) -> int:
     return mark
 
 
-def _event_row(node: str, e: Event) -> tuple[str, int, int, int, str, str]:
-    """An ``events`` row: (node, seq, time, kind, step, the event as JSON)."""
-    return (node, e.seq, e.time_ms, int(e.kind), e.step, json.dumps(e.to_json(), separators=(",", ":")))
+def _apply_step_events(conn: sqlite3.Connection, updates: list[tuple[Any, ...]]) -> None:
+    if updates:
+        conn.executemany(
+            "UPDATE node_steps SET state=?, exit_code=?, attempt=?, updated_ms=?, message=?, "
+            "observed=COALESCE(?, observed) WHERE node=? AND name=? AND digest=?",
+            updates,
+        )
+
+
+def _sqlite_value(value: Any) -> Any:
+    value = encode_json(value)
+    return int(value) if isinstance(value, bool) else value

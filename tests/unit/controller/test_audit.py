@@ -16,7 +16,7 @@ from tether.controller.admin_service import AdminService
 from tether.controller.auth import Kind, Principal
 from tether.controller.errors import PermissionDenied
 from tether.controller.store import SqliteStore
-from tether.controller.store import sqlite as sqlite_store
+from tether.controller.store import base as store_base
 from tether.controller.store.records import AuditRecord
 from tether.nodeagent.secrets import Redactor
 
@@ -37,16 +37,16 @@ def _record(i: int, outcome: str) -> AuditRecord:
 async def test_refusals_are_bounded_apart_and_never_evict_a_change(
     store: SqliteStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(sqlite_store, "KEEP_AUDIT_RECORDS", 3)
-    monkeypatch.setattr(sqlite_store, "KEEP_AUDIT_REFUSALS", 2)
+    monkeypatch.setattr(store_base, "KEEP_AUDIT_RECORDS", 3)
+    monkeypatch.setattr(store_base, "KEEP_AUDIT_REFUSALS", 2)
     changes = [(await store.append_audit(_record(i, "ok"))).id for i in range(3)]
     for i in range(50):  # a read-only admin spamming refused calls
         await store.append_audit(_record(10 + i, "PERMISSION_DENIED" if i % 2 else "NOT_FOUND"))
-    kept = store.list_audit()
+    kept = await store.list_audit()
     assert [r.id for r in kept if r.outcome == "ok"] == changes[::-1]  # every change is still there
     assert [r.detail for r in kept if r.outcome != "ok"] == ["n59", "n58"]  # the newest refusals
     newest = await store.append_audit(_record(99, "ok"))
-    ids = [r.id for r in store.list_audit() if r.outcome == "ok"]
+    ids = [r.id for r in await store.list_audit() if r.outcome == "ok"]
     assert ids == [newest.id, changes[2], changes[1]]  # a change pushes out the oldest change only
 
 
@@ -86,7 +86,7 @@ async def test_a_secret_with_tabs_spaces_or_lines_is_masked_before_the_detail_is
     with pytest.raises(PermissionDenied):
         async for _ in _Bootstrapping(_App(store)).Bootstrap(request, None):
             pass
-    detail = store.list_audit()[0].detail
+    detail = (await store.list_audit())[0].detail
     assert detail == "ssh login as root with [REDACTED] refused, key: [REDACTED]"  # one line, collapsed
     # a line of a key alone (a message quoting one), and a password as !r quotes it (tab escaped)
     masked = audit._mask(Redactor(), request, f"key line {PEM.splitlines()[2]} not understood")
@@ -148,7 +148,7 @@ async def test_concurrent_applies_each_record_their_own_generations(store: Sqlit
     a_reply = await a
     generations = [first, a_reply, b]
     assert [g.environment.generation for g in generations] == [1, 2, 3]
-    a_record, b_record, _ = store.list_audit()  # newest first: B's call ended before A's
+    a_record, b_record, _ = await store.list_audit()  # newest first: B's call ended before A's
     assert (a_record.generation_before, a_record.generation_after) == (1, a_reply.environment.generation)
     assert (b_record.generation_before, b_record.generation_after) == (2, b.environment.generation)
 
@@ -166,7 +166,7 @@ async def test_a_delete_records_its_own_generations(store: SqliteStore) -> None:
     service = _service(store, start, delete_environment)
     await service.ApplyEnvironment(wire.admin.ApplyEnvironmentRequest(document=_document("0")), _Context())
     await service.DeleteEnvironment(wire.admin.DeleteEnvironmentRequest(name="e"), _Context())
-    deleted = next(r for r in store.list_audit() if r.method == "DeleteEnvironment")
+    deleted = next(r for r in await store.list_audit() if r.method == "DeleteEnvironment")
     assert (deleted.outcome, deleted.generation_before, deleted.generation_after) == ("ok", 1, 0)
 
 
@@ -176,7 +176,7 @@ async def test_a_token_for_a_node_records_the_node(store: SqliteStore) -> None:
         await service.CreateToken(
             wire.admin.CreateTokenRequest(environment="missing", node_name="gpu-7"), _Context()
         )
-    token = store.list_audit()[0]
+    token = (await store.list_audit())[0]
     assert (token.method, token.outcome, token.environment, token.node) == (
         "CreateToken",
         "NOT_FOUND",

@@ -83,7 +83,7 @@ async def test_output_over_the_node_quota_is_summarised_and_seq_stays_contiguous
     assert node is not None
     session = Session("n1", "e")
     await svc._events(node, session, [output(1, 10), output(2, 45), output(3, 1)])
-    stored = store.list_events("n1")
+    stored = await store.list_events("n1")
     assert [e.seq for e in stored] == [1, 2, 3]
     assert stored[0].lines == ("x" * 100,) * 10  # within the quota: kept
     assert stored[1].lines == ("[tether: 45 lines, 4.4 KiB of output dropped: node over its output quota]",)
@@ -145,7 +145,7 @@ async def test_long_step_names_and_many_small_events_are_charged_too(
     long_step = [wire.event_to_pb(Event(kind=EventKind.INFO, step="s" * 10_000, seq=1))]
     session = Session("n1", "e")
     await svc._events(node, session, long_step)
-    assert len(store.list_events("n1")[0].step) <= 253 and len(pauses) == 1
+    assert len((await store.list_events("n1"))[0].step) <= 253 and len(pauses) == 1
     svc.quotas.buckets("n1").events = TokenBucket(rate=0.0, burst=0)
     tiny = [wire.event_to_pb(Event(kind=EventKind.INFO, step="s", seq=seq)) for seq in range(2, 102)]
     await svc._events(node, session, tiny)
@@ -166,7 +166,7 @@ async def test_a_secret_split_across_two_output_lines_is_masked_before_storing(
 
     batch = [wire.event_to_pb(Event(kind=EventKind.OUTPUT, step="s", seq=1, lines=lines))]
     await svc._events(node, Session("n1", "e"), batch)
-    dump = "\n".join(store.list_events("n1")[0].lines)
+    dump = "\n".join((await store.list_events("n1"))[0].lines)
     assert "q" * 16 not in dump and canary not in dump
 
 
@@ -210,7 +210,7 @@ async def test_the_store_takes_the_agents_acked_boundary_and_records_the_gap(
     await store.append_events("n1", [ev(1), ev(2)])
     assert await store.accept_acked("n1", 9) == 9
     assert await store.accept_acked("n1", 4) == 9  # never backwards
-    stored = store.list_events("n1")
+    stored = await store.list_events("n1")
     assert [e.seq for e in stored] == [1, 2, 3]
     assert stored[2].kind is EventKind.INFO and "events 3..9 were acknowledged before" in stored[2].message
     assert await store.append_events("n1", [ev(10)]) == 10

@@ -40,9 +40,9 @@ async def test_delete_node_removes_its_record_steps_and_events_and_nothing_else(
         await store.append_events(name, [ev(1, EventKind.SUCCEEDED, "a"), ev(2)])
     assert await store.delete_node("n1")
     assert store.get_node("n1") is None
-    assert store.node_steps("n1") == [] and store.list_events("n1") == [] and store.max_seq("n1") == 0
+    assert store.node_steps("n1") == [] and await store.list_events("n1") == [] and store.max_seq("n1") == 0
     assert [n.name for n in store.list_nodes()] == ["n2"]
-    assert len(store.node_steps("n2")) == 1 and [e.seq for e in store.list_events("n2")] == [1, 2]
+    assert len(store.node_steps("n2")) == 1 and [e.seq for e in await store.list_events("n2")] == [1, 2]
     assert not await store.delete_node("n1")  # gone already
 
 
@@ -52,7 +52,7 @@ async def test_a_node_enrolled_again_after_delete_starts_a_fresh_history(store: 
     await store.delete_node("n1")
     await store.put_token(token(id="tok-again"))
     await store.enroll_node("tok-again", "n1", lambda t, e: (node("n1", token_id="tok-again"), True))
-    assert store.get_node("n1") is not None and store.list_events("n1") == []
+    assert store.get_node("n1") is not None and await store.list_events("n1") == []
     assert await store.append_events("n1", [ev(1)]) == 1
 
 

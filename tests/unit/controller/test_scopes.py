@@ -18,6 +18,7 @@ from tether.controller.auth import Authenticator, Kind, Principal
 from tether.controller.ca import ADMIN_SCOPE_URI_PREFIX, ADMIN_URI_PREFIX, CertificateAuthority
 from tether.controller.errors import InvalidArgument, PermissionDenied, Problem
 from tether.controller.store import SqliteStore
+from tether.controller.store import base as store_base
 from tether.controller.store import sqlite as sqlite_store
 from tether.controller.store.records import AuditRecord
 from tether.nodeagent.secrets import Redactor
@@ -125,18 +126,18 @@ async def test_audit_records_are_kept_newest_first_filtered_and_bounded(
 ) -> None:
     stored = [await store.append_audit(_record(i, "lab" if i % 2 else "prod")) for i in range(6)]
     assert [r.id for r in stored] == [1, 2, 3, 4, 5, 6]
-    assert [r.id for r in store.list_audit()] == [6, 5, 4, 3, 2, 1]
-    assert [r.id for r in store.list_audit(before_id=5, limit=2)] == [4, 3]
-    assert [r.id for r in store.list_audit("lab")] == [6, 4, 2]
-    assert [r.id for r in store.list_audit(environments=["prod"])] == [5, 3, 1]
-    assert store.list_audit("lab", environments=["prod"]) == []
-    assert store.list_audit()[0] == AuditRecord(
+    assert [r.id for r in await store.list_audit()] == [6, 5, 4, 3, 2, 1]
+    assert [r.id for r in await store.list_audit(before_id=5, limit=2)] == [4, 3]
+    assert [r.id for r in await store.list_audit("lab")] == [6, 4, 2]
+    assert [r.id for r in await store.list_audit(environments=["prod"])] == [5, 3, 1]
+    assert await store.list_audit("lab", environments=["prod"]) == []
+    assert (await store.list_audit())[0] == AuditRecord(
         6, 1005, "ci", "ab" * 32, "CreateToken", "lab", "", 0, 0, "ok", "n5"
     )
 
-    monkeypatch.setattr(sqlite_store, "KEEP_AUDIT_RECORDS", 4)
+    monkeypatch.setattr(store_base, "KEEP_AUDIT_RECORDS", 4)
     await store.append_audit(_record(6, "lab"))
-    assert [r.id for r in store.list_audit()] == [7, 6, 5, 4]  # the oldest go first; ids never repeat
+    assert [r.id for r in await store.list_audit()] == [7, 6, 5, 4]  # the oldest go first; ids never repeat
 
 
 def test_a_refusal_is_one_line_and_a_refused_document_is_never_quoted() -> None:
@@ -202,7 +203,7 @@ async def test_the_decorator_records_success_and_refusal_once_each(store: Sqlite
     with pytest.raises(PermissionDenied):
         await service.RevokeNode(wire.admin.RevokeNodeRequest(name="missing"), None)
     audit.note(node="outside any call")  # nothing to record it in: ignored
-    refused, ok = store.list_audit()
+    refused, ok = await store.list_audit()
     assert (ok.admin, ok.fingerprint, ok.method, ok.node, ok.environment) == (
         "ci",
         "f" * 64,
@@ -221,7 +222,7 @@ async def test_the_decorator_records_success_and_refusal_once_each(store: Sqlite
 async def test_calls_by_non_admins_are_not_recorded(store: SqliteStore) -> None:
     service = _Service(_App(Principal(Kind.ANONYMOUS, "anonymous"), store))
     await service.RevokeNode(wire.admin.RevokeNodeRequest(name="n1"), None)
-    assert store.list_audit() == []
+    assert await store.list_audit() == []
 
 
 async def test_a_schema_3_database_gains_the_audit_log(tmp_path: Path) -> None:
@@ -233,7 +234,7 @@ async def test_a_schema_3_database_gains_the_audit_log(tmp_path: Path) -> None:
     store = SqliteStore(path)
     try:
         assert (await store.append_audit(_record(0, "lab"))).id == 1
-        assert store.list_audit("lab")[0].detail == "n0"
+        assert (await store.list_audit("lab"))[0].detail == "n0"
     finally:
         await store.close()
     with sqlite3.connect(path) as conn:
@@ -262,7 +263,7 @@ async def test_a_stream_is_recorded_when_it_ends_or_is_abandoned(store: SqliteSt
     stream = service.Bootstrap(request, None)
     await stream.__anext__()
     await stream.aclose()  # the client went away after the first event
-    abandoned, done = store.list_audit()
+    abandoned, done = await store.list_audit()
     assert (done.outcome, done.node, done.environment, done.detail) == (
         "ok",
         "gpu-1",

@@ -1,13 +1,16 @@
-"""The store keeps every applied generation of an environment (undo, nodes held back by a
-rollout) and an agent version; a schema-1 database is migrated in place."""
+"""A schema-1 SQLite database is migrated in place (what every store keeps of an environment's
+generations is in tests/store_contract.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from pathlib import Path
 
-from tether.controller.store import SqliteStore
-from tether.controller.store.sqlite import KEEP_REVISIONS
+import pytest
+
+from tether.controller.main import main
+from tether.controller.store import SqliteStore, migrations
 
 SCHEMA_1 = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -41,37 +44,6 @@ INSERT INTO environments VALUES ('gpu', 'doc-v3', 'tether.dev/v1alpha1', '{}', 3
 """
 
 
-async def test_every_generation_is_kept_and_the_agent_version_makes_one(tmp_path: Path) -> None:
-    store = SqliteStore(tmp_path / "t.db")
-    try:
-        a, _ = await store.put_environment("gpu", "doc-a", "v", {"x": 1})
-        b, _ = await store.put_environment("gpu", "doc-b", "v", {"x": 2})
-        same, changed = await store.put_environment("gpu", "doc-b", "v", {"x": 2})
-        assert not changed and same.generation == b.generation
-        up, changed = await store.put_environment("gpu", "doc-b", "v", {"x": 2}, agent_version="0.2.0")
-        assert changed and up.generation == b.generation + 1 and up.agent_version == "0.2.0"
-        kept, _ = await store.put_environment("gpu", "doc-c", "v", {"x": 3})
-        assert kept.agent_version == "0.2.0"  # None keeps it
-        old = store.get_revision("gpu", a.generation)
-        assert old is not None and old.document == "doc-a" and old.spec == {"x": 1}
-        assert store.get_revision("gpu", 99) is None
-        assert await store.delete_environment("gpu")
-        assert store.get_revision("gpu", a.generation) is None
-    finally:
-        await store.close()
-
-
-async def test_old_revisions_are_pruned_past_the_ones_kept(tmp_path: Path) -> None:
-    store = SqliteStore(tmp_path / "t.db")
-    try:
-        for i in range(KEEP_REVISIONS + 5):
-            await store.put_environment("gpu", f"doc-{i}", "v", {"i": i})
-        assert store.get_revision("gpu", 1) is None
-        assert store.get_revision("gpu", 6) is not None and store.get_revision("gpu", KEEP_REVISIONS + 5)
-    finally:
-        await store.close()
-
-
 async def test_a_schema_1_database_is_migrated(tmp_path: Path) -> None:
     path = tmp_path / "old.db"
     with sqlite3.connect(path) as conn:
@@ -89,3 +61,20 @@ async def test_a_schema_1_database_is_migrated(tmp_path: Path) -> None:
     with sqlite3.connect(path) as conn:
         version = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
         assert int(version[0]) >= 2
+
+
+def test_an_old_file_is_migrated_by_hand_and_says_what_it_applied(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "tether.db"
+    with sqlite3.connect(path) as conn:
+        conn.executescript(SCHEMA_1)
+    assert main(["migrate", "--data-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in out[:-1]] == ["applied 2", "applied 3", "applied 4", "applied 5"]
+    assert asyncio.run(migrations.apply(path)) == []
+    with sqlite3.connect(path) as conn:
+        versions = [r[0] for r in conn.execute("SELECT version FROM schema_migrations ORDER BY version")]
+        columns = {r[1] for r in conn.execute("PRAGMA table_info(nodes)")}
+    assert versions == [1, 2, 3, 4, 5] and {"hardware", "agent_rolled_back_from"} <= columns
+    assert main(["migrate", "--data-dir", str(tmp_path / "elsewhere")]) == 1
