@@ -10,6 +10,10 @@ A certificate's scope (``admin issue --environments a,b``: the environments it m
 recorded: every one) is recorded here too, and this record is what the controller enforces: a
 certificate whose own list of environments differs from its record is refused (see
 ``tether.controller.auth``). A scope is not changed in place: issue a new certificate, revoke the old.
+
+With ``--store-key-file`` the same records live in the store instead, sealed, shared by every
+replica (``tether.controller.identity.admins.StoreAdmins``, built on ``new_entry`` and
+``mark_revoked`` below).
 """
 
 from __future__ import annotations
@@ -63,6 +67,54 @@ def parse_environments(text: str) -> list[str]:
     return names
 
 
+def new_entry(name: str, role: str, issued: IssuedCert, environments: Iterable[str] = ()) -> AdminEntry:
+    """The record of a certificate just issued."""
+    not_after = dt.datetime.fromtimestamp(issued.not_after_ms / 1000, dt.timezone.utc)
+    return AdminEntry(
+        fingerprint=issued.fingerprint,
+        name=name,
+        role=role,
+        serial=f"{issued.serial:x}",
+        not_after=not_after.replace(microsecond=0).isoformat(),
+        issued_at=_now(),
+        environments=sorted(set(environments)),
+    )
+
+
+def revocation_prefix(*, name: str = "", fingerprint: str = "") -> str:
+    """Check what a revocation names (exactly one of the two); the fingerprint prefix, normalised."""
+    if bool(name) == bool(fingerprint):
+        raise InvalidArgument("give exactly one of --name or --fingerprint")
+    fp = fingerprint.strip().lower().replace(":", "")
+    if fingerprint and (len(fp) < MIN_PREFIX or any(c not in "0123456789abcdef" for c in fp)):
+        raise InvalidArgument(f"a fingerprint is hex, at least {MIN_PREFIX} digits (see: admin list)")
+    return fp
+
+
+def mark_revoked(entries: list[AdminEntry], *, name: str = "", fingerprint: str = "") -> list[AdminEntry]:
+    """Mark revoked, in ``entries``, what ``AdminRegistry.revoke`` names (an unrecorded full
+    fingerprint is appended); returns the entries it names, revoked."""
+    fp = revocation_prefix(name=name, fingerprint=fingerprint)
+    if name:
+        hits = [i for i, e in enumerate(entries) if e.name == name and not e.revoked]
+        if not hits:
+            raise NotFound(f"no unrevoked admin certificate issued to {name!r}")
+    else:
+        hits = [i for i, e in enumerate(entries) if e.fingerprint.startswith(fp)]
+        if len({entries[i].fingerprint for i in hits}) > 1:
+            raise InvalidArgument(f"fingerprint prefix {fp!r} matches several certificates")
+        if not hits:
+            if len(fp) != 64:
+                raise NotFound(f"no admin certificate with fingerprint {fp}... (see: admin list)")
+            entries.append(AdminEntry(fp, "(unrecorded)", "", "", "", ""))
+            hits = [len(entries) - 1]
+    when = _now()
+    for i in hits:
+        if not entries[i].revoked:
+            entries[i] = replace(entries[i], revoked_at=when)
+    return [entries[i] for i in hits]
+
+
 class AdminRegistry:
     def __init__(self, pki_dir: Path) -> None:
         self.path = pki_dir / FILE_NAME
@@ -76,16 +128,7 @@ class AdminRegistry:
     def record(
         self, name: str, role: str, issued: IssuedCert, environments: Iterable[str] = ()
     ) -> AdminEntry:
-        not_after = dt.datetime.fromtimestamp(issued.not_after_ms / 1000, dt.timezone.utc)
-        entry = AdminEntry(
-            fingerprint=issued.fingerprint,
-            name=name,
-            role=role,
-            serial=f"{issued.serial:x}",
-            not_after=not_after.replace(microsecond=0).isoformat(),
-            issued_at=_now(),
-            environments=sorted(set(environments)),
-        )
+        entry = new_entry(name, role, issued, environments)
         with self._locked() as entries:
             entries.append(entry)
         return entry
@@ -96,30 +139,9 @@ class AdminRegistry:
         A fingerprint may be shortened to a unique prefix of at least 12 hex digits; a full one
         that was never recorded here (issued before this file existed) is revoked all the same.
         """
-        if bool(name) == bool(fingerprint):
-            raise InvalidArgument("give exactly one of --name or --fingerprint")
-        fp = fingerprint.strip().lower().replace(":", "")
-        if fingerprint and (len(fp) < MIN_PREFIX or any(c not in "0123456789abcdef" for c in fp)):
-            raise InvalidArgument(f"a fingerprint is hex, at least {MIN_PREFIX} digits (see: admin list)")
+        revocation_prefix(name=name, fingerprint=fingerprint)  # before anything is created
         with self._locked() as entries:
-            if name:
-                hits = [i for i, e in enumerate(entries) if e.name == name and not e.revoked]
-                if not hits:
-                    raise NotFound(f"no unrevoked admin certificate issued to {name!r}")
-            else:
-                hits = [i for i, e in enumerate(entries) if e.fingerprint.startswith(fp)]
-                if len({entries[i].fingerprint for i in hits}) > 1:
-                    raise InvalidArgument(f"fingerprint prefix {fp!r} matches several certificates")
-                if not hits:
-                    if len(fp) != 64:
-                        raise NotFound(f"no admin certificate with fingerprint {fp}... (see: admin list)")
-                    entries.append(AdminEntry(fp, "(unrecorded)", "", "", "", ""))
-                    hits = [len(entries) - 1]
-            when = _now()
-            for i in hits:
-                if not entries[i].revoked:
-                    entries[i] = replace(entries[i], revoked_at=when)
-            return [entries[i] for i in hits]
+            return mark_revoked(entries, name=name, fingerprint=fingerprint)
 
     # -- readers ------------------------------------------------------------------------------
 

@@ -1,6 +1,7 @@
 """The controller's certificate authority.
 
-One CA (EC P-256) created on first start under ``DATA_DIR/pki``. It signs the
+One CA (EC P-256) created on first start under ``DATA_DIR/pki`` (or, with ``--store-key-file``,
+sealed in the store: ``tether.controller.identity``). It signs the
 controller's serving certificate (regenerated at every start), node
 certificates from CSRs (the node keeps its key) and admin client
 certificates. Identities are URI SANs: ``spiffe://tether/node/NAME`` and
@@ -92,12 +93,28 @@ class CertificateAuthority:
 
     @classmethod
     def load_or_create(cls, pki_dir: Path) -> CertificateAuthority:
+        """The CA of ``pki_dir`` (``ca.key``, ``ca.crt``), created there on first use."""
         key_path, cert_path = pki_dir / "ca.key", pki_dir / "ca.crt"
         if key_path.exists() and cert_path.exists():
-            key = serialization.load_pem_private_key(read_private(key_path), password=None)
-            if not isinstance(key, ec.EllipticCurvePrivateKey):
-                raise InvalidArgument(f"{key_path} is not an EC key")
-            return cls(key, x509.load_pem_x509_certificate(cert_path.read_bytes()))
+            try:
+                return cls.from_pem(read_private(key_path), cert_path.read_bytes())
+            except InvalidArgument:
+                raise InvalidArgument(f"{key_path} is not an EC key") from None
+        ca = cls.create()
+        write_private(key_path, ca.private_key_pem())
+        write_private(cert_path, ca.cert_pem)
+        return ca
+
+    @classmethod
+    def from_pem(cls, key_pem: bytes, cert_pem: bytes) -> CertificateAuthority:
+        key = serialization.load_pem_private_key(key_pem, password=None)
+        if not isinstance(key, ec.EllipticCurvePrivateKey):
+            raise InvalidArgument("the CA key is not an EC key")
+        return cls(key, x509.load_pem_x509_certificate(cert_pem))
+
+    @classmethod
+    def create(cls) -> CertificateAuthority:
+        """A new CA, in memory only (``load_or_create`` and the stored identity keep it)."""
         key = ec.generate_private_key(ec.SECP256R1())
         name = x509.Name(
             [
@@ -119,14 +136,13 @@ class CertificateAuthority:
             .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
             .sign(key, hashes.SHA256())
         )
-        write_private(
-            key_path,
-            key.private_bytes(
-                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-            ),
-        )
-        write_private(cert_path, _pem(cert))
         return cls(key, cert)
+
+    def private_key_pem(self) -> bytes:
+        """The CA key (PKCS#8 PEM), for whoever keeps it: a 0600 file, or sealed in the store."""
+        return self._key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
 
     def _builder(self, subject: str, public_key: object, days: float) -> x509.CertificateBuilder:
         now = _now()

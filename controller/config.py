@@ -32,3 +32,9 @@ class ControllerConfig:
     agent_platform: str = ""
     # HOST:PORT of the plain-HTTP listener for /metrics, /healthz and /readyz ("": none).
     metrics_listen: str = ""
+    # Where the state lives (--store): a postgresql:// URL (replicas share it) or a SQLite file;
+    # "": DATA_DIR/tether.db.
+    store: str = ""
+    # The key-encryption key (--store-key-file): the CA, secret box key and admin registry then live
+    # in the store, sealed with it (tether.controller.identity). None: files in DATA_DIR/pki (SQLite).
+    store_key_file: Path | None = None

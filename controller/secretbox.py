@@ -1,7 +1,9 @@
 """Secrets at rest: AES-256-GCM with a key that never leaves the controller's data dir.
 
 Join material and kubeconfigs are stored sealed; a database dump shows only
-ciphertext. The key file (``pki/secrets.key``, 0600) is created on first use.
+ciphertext. The key file (``pki/secrets.key``, 0600) is created on first use; with
+``--store-key-file`` the key lives in the store instead, sealed by the key-encryption key
+(``tether.controller.identity``), which is itself a ``SecretBox``.
 """
 
 from __future__ import annotations
@@ -25,11 +27,15 @@ class SecretBox:
     def __repr__(self) -> str:
         return "SecretBox(***)"
 
+    @staticmethod
+    def new_key() -> bytes:
+        return AESGCM.generate_key(bit_length=256)
+
     @classmethod
     def load_or_create(cls, path: Path) -> SecretBox:
         if path.exists():
             return cls(read_private(path))
-        key = AESGCM.generate_key(bit_length=256)
+        key = cls.new_key()
         write_private(path, key)
         return cls(key)
 
