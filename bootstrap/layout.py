@@ -10,6 +10,7 @@ from typing import Any
 import yaml
 
 from tether.nodeagent import upgrade
+from tether.nodeagent.controllers import split_addresses
 from tether.nodeagent.limits import UPGRADE_MAX_STARTS
 
 UNIT_NAME = "tether-agent.service"
@@ -76,9 +77,17 @@ DEFAULT_LAYOUT = Layout()
 def agent_config(
     layout: Layout, *, controller: str, ca_hash: str, node_name: str, environment: str, role: str
 ) -> bytes:
-    """``/etc/tether/agent.yaml``: no secret in it (the token lives in its own file)."""
+    """``/etc/tether/agent.yaml``: no secret in it (the token lives in its own file).
+
+    ``controller`` is HOST:PORT, or several replicas' ``A,B``: then ``controllers: [A, B]``, which
+    the agent tries in turn (a Welcome later tells it the live ones).
+    """
+    addresses = split_addresses(controller)
+    dial: dict[str, Any] = (
+        {"controller": addresses[0]} if len(addresses) == 1 else {"controllers": list(addresses)}
+    )
     doc: dict[str, Any] = {
-        "controller": controller,
+        **dial,
         "ca_hash": ca_hash,
         "node_name": node_name,
         "environment": environment,

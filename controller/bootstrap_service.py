@@ -43,6 +43,7 @@ from tether.controller.errors import InvalidArgument, NotFound
 from tether.controller.listen import WILDCARDS
 from tether.controller.nodestate import node_state
 from tether.nodeagent import logs
+from tether.nodeagent.controllers import split_addresses
 from tether.nodeagent.identity import split_address
 from tether.nodeagent.model import Role, now_ms
 from tether.nodeagent.secrets import PROCESS_REDACTOR, Redactor, Secret
@@ -211,8 +212,8 @@ async def run(app: App, request: Any, caller: Principal) -> AsyncIterator[Any]:
             raise InvalidArgument("a target is required: ssh or ssm")
         controller = request.controller or app.advertise
         try:
-            split_address(controller)
-        except Exception as exc:
+            addresses = split_addresses(controller)  # several replicas: A,B (the node tries each)
+        except ValueError as exc:
             raise InvalidArgument(f"controller: {exc}") from None
         plan = Request(
             environment=request.environment,
@@ -235,7 +236,10 @@ async def run(app: App, request: Any, caller: Principal) -> AsyncIterator[Any]:
                 listen_host = split_address(app.config.listen)[0]
                 server = BundleServer(
                     "0.0.0.0" if listen_host in WILDCARDS else listen_host,  # noqa: S104 (the controller's own choice)
-                    advertise_host=split_address(controller)[0],
+                    # this replica serves it: its own address when listed
+                    advertise_host=split_address(
+                        app.advertise if app.advertise in addresses else addresses[0]
+                    )[0],
                 )
                 delivery = Served(await stack.enter_async_context(server), "downloaded from the controller")
             task = asyncio.create_task(

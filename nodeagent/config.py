@@ -1,8 +1,12 @@
 """Agent configuration: a YAML file (what systemd uses) overridden by flags.
 
 What wins, first to last: a flag, the environment (``TETHER_JOIN_TOKEN``), the config file, and
-for the controller address only, the address(es) the state directory remembers from enrolling
-(``node.json``; updated when another address given later welcomes the node).
+for the controller addresses only, the address(es) the state directory remembers from enrolling
+(``node.json``; replaced by the live replicas a Welcome lists, see ``tether.nodeagent.controllers``).
+
+Several controller replicas: ``--controller A,B`` or ``controllers: [A, B]`` (``controller: A``,
+one address, still works; given both, the file's ``controller`` comes first). A flag replaces
+both settings of the file.
 
 ``load`` reports every problem at once. The join token may be given inline,
 in a separate 0600 file (``token_file``), or by the environment variable
@@ -24,8 +28,9 @@ from typing import Any
 
 import yaml
 
+from tether.nodeagent.controllers import merged, parse_addresses
 from tether.nodeagent.errors import ConfigError
-from tether.nodeagent.identity import IdentityStore, normalize_ca_hash, read_private, split_address
+from tether.nodeagent.identity import IdentityStore, normalize_ca_hash, read_private
 from tether.nodeagent.secrets import Secret
 
 DEFAULT_CONFIG = Path("/etc/tether/agent.yaml")
@@ -36,7 +41,9 @@ PATH_KEYS = ("state_dir", "token_file", "metrics_textfile")
 
 @dataclass(frozen=True)
 class AgentConfig:
-    controller: str
+    """``controller`` is the first of ``controllers`` (either may be given; the other follows)."""
+
+    controller: str = ""
     state_dir: Path = DEFAULT_STATE_DIR
     node_name: str = ""
     ca_hash: str = ""
@@ -49,10 +56,18 @@ class AgentConfig:
     log_level: str = "info"
     shell: str = "bash"
     metrics_textfile: Path | None = None  # node-exporter textfile collector file (tether.nodeagent.textfile)
+    controllers: tuple[str, ...] = ()  # every replica to try, in order
+    controllers_remembered: bool = False  # they came from the state directory, not the operator
+
+    def __post_init__(self) -> None:
+        addresses = merged((self.controller,) if self.controller else (), self.controllers)
+        object.__setattr__(self, "controllers", addresses)
+        object.__setattr__(self, "controller", addresses[0] if addresses else "")
 
 
 KNOWN_KEYS = {
     "controller",
+    "controllers",
     "state_dir",
     "node_name",
     "ca_hash",
@@ -97,6 +112,8 @@ def load(path: Path | None, overrides: Mapping[str, Any], env: Mapping[str, str]
                 values[key] = path.absolute().parent / Path(str(values[key]))
     if env.get(TOKEN_ENV):
         values["token"] = env[TOKEN_ENV]
+    if overrides.get("controller") is not None:
+        values.pop("controllers", None)  # the flag replaces both settings of the file
     values.update({k: v for k, v in overrides.items() if v is not None})
     for key in PATH_KEYS:
         if values.get(key):
@@ -115,17 +132,7 @@ def load(path: Path | None, overrides: Mapping[str, Any], env: Mapping[str, str]
             problems.append(f"token_file: {exc}")
 
     state_dir = Path(values.get("state_dir") or DEFAULT_STATE_DIR)
-    controller = str(values.get("controller", "") or "") or _remembered_controller(state_dir)
-    if not controller:
-        problems.append(
-            "controller: required (HOST:PORT of the tether controller; "
-            f"an enrolled agent remembers it in {state_dir / 'node.json'})"
-        )
-    else:
-        try:
-            split_address(controller)
-        except Exception as exc:
-            problems.append(f"controller: {exc}")
+    controllers, remembered = _controllers(values, state_dir, problems)
     ca_hash = str(values.get("ca_hash", "") or "")
     if ca_hash:
         try:
@@ -147,7 +154,9 @@ def load(path: Path | None, overrides: Mapping[str, Any], env: Mapping[str, str]
     if problems:
         raise ConfigError("invalid agent configuration:\n  " + "\n  ".join(problems))
     return AgentConfig(
-        controller=controller,
+        controller="",  # the first of controllers
+        controllers=controllers,
+        controllers_remembered=remembered,
         state_dir=state_dir,
         node_name=str(values.get("node_name") or ""),
         ca_hash=ca_hash,
@@ -162,7 +171,27 @@ def load(path: Path | None, overrides: Mapping[str, Any], env: Mapping[str, str]
     )
 
 
-def _remembered_controller(state_dir: Path) -> str:
-    """The first controller address the state directory remembers ("" when none)."""
-    remembered = IdentityStore(state_dir).controllers()
-    return remembered[0] if remembered else ""
+def _controllers(
+    values: Mapping[str, Any], state_dir: Path, problems: list[str]
+) -> tuple[tuple[str, ...], bool]:
+    """The operator's addresses (``controller`` then ``controllers``), else the remembered ones;
+    and whether they are the remembered ones. Each bad address is a problem of its own."""
+    given: list[str] = []
+    named = False
+    for key in ("controller", "controllers"):
+        addresses, bad = parse_addresses(values.get(key), key)
+        given.extend(addresses)
+        problems.extend(bad)
+        named = named or bool(addresses or bad)
+    if named:
+        return merged(given), False
+    remembered, bad = parse_addresses(
+        list(IdentityStore(state_dir).controllers()), f"{state_dir / 'node.json'}"
+    )
+    problems.extend(bad)
+    if not remembered and not bad:
+        problems.append(
+            "controller: required (HOST:PORT of the tether controller, or several: A,B; "
+            f"an enrolled agent remembers them in {state_dir / 'node.json'})"
+        )
+    return remembered, True

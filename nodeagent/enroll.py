@@ -1,7 +1,8 @@
 """Enrollment: trade the join token and a CSR for a node certificate, once.
 
 After the first success the identity lives in the state directory and the
-token is never needed (or sent) again.
+token is never needed (or sent) again. One attempt dials one address (``Rotation.current``); the
+caller moves to the next one when it is unreachable (``ControllerUnavailable``).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import grpc
 from tether.nodeagent import anonymous, logs, wire
 from tether.nodeagent.channel import secure_channel
 from tether.nodeagent.config import AgentConfig
+from tether.nodeagent.controllers import Rotation
 from tether.nodeagent.errors import ControllerUnavailable, EnrollError
 from tether.nodeagent.identity import Identity, IdentityStore, fetch_controller_ca, make_csr
 from tether.nodeagent.model import HostFacts
@@ -29,8 +31,11 @@ _PERMANENT = {
 }
 
 
-async def enroll(config: AgentConfig, store: IdentityStore, facts: HostFacts) -> tuple[Identity, int]:
-    """Enroll this node; returns the identity and the first event sequence number to use."""
+async def enroll(
+    config: AgentConfig, store: IdentityStore, facts: HostFacts, controllers: Rotation
+) -> tuple[Identity, int]:
+    """Enroll this node at ``controllers.current``; returns the identity and the first event
+    sequence number to use. The state directory remembers every address, that one first."""
     if not config.token:
         raise EnrollError("this node is not enrolled yet and no join token was given (--token or token_file)")
     if not config.ca_hash:
@@ -38,8 +43,9 @@ async def enroll(config: AgentConfig, store: IdentityStore, facts: HostFacts) ->
     node_name = config.node_name or facts.hostname
     key_pem = store.load_or_create_key()
     csr = make_csr(key_pem, node_name)
-    ca_pem = await asyncio.to_thread(fetch_controller_ca, config.controller, config.ca_hash)
-    log.info("controller CA verified against the pin", ca_hash=config.ca_hash)
+    address = controllers.current
+    ca_pem = await asyncio.to_thread(fetch_controller_ca, address, config.ca_hash)
+    log.info("controller CA verified against the pin", ca_hash=config.ca_hash, controller=address)
     request = wire.pb.EnrollRequest(
         token=config.token.reveal(),
         csr_pem=csr,
@@ -48,7 +54,7 @@ async def enroll(config: AgentConfig, store: IdentityStore, facts: HostFacts) ->
         expect_environment=config.environment,
         expect_role=config.role,
     )
-    async with secure_channel(config.controller, ca_pem, anonymous.key_pem(), anonymous.CERT_PEM) as channel:
+    async with secure_channel(address, ca_pem, anonymous.key_pem(), anonymous.CERT_PEM) as channel:
         stub = wire.AgentServiceStub(channel)
         try:
             reply = await stub.Enroll(request, timeout=30)
@@ -62,7 +68,7 @@ async def enroll(config: AgentConfig, store: IdentityStore, facts: HostFacts) ->
         reply.role,
         reply.certificate_pem,
         reply.ca_pem,
-        controllers=(config.controller,),
+        controllers=controllers.remembered(),
     )
     log.info("enrolled", node=identity.node_name, environment=identity.environment, role=identity.role)
     return identity, reply.next_seq or 1

@@ -276,6 +276,16 @@ class IdentityStore:
         meta["controllers"] = [address, *(a for a in current if a != address)]
         self._write_meta(meta)
 
+    def set_controllers(self, addresses: tuple[str, ...]) -> bool:
+        """Replace the remembered controllers (a Welcome's list of live replicas); atomic, like
+        every write of node.json. False when they were these already (nothing written)."""
+        meta = json.loads(read_private(self.meta_path))
+        if [str(a) for a in meta.get("controllers") or []] == list(addresses):
+            return False
+        meta["controllers"] = list(addresses)
+        self._write_meta(meta)
+        return True
+
     def _write_meta(self, meta: dict[str, Any]) -> None:
         write_private(self.meta_path, json.dumps(meta, indent=2).encode())
 

@@ -1,8 +1,8 @@
 """``tether-agent``: the node agent's command line.
 
-TETHER_JOIN_TOKEN=TOKEN tether-agent run [--config FILE] [--controller HOST:PORT --ca-hash sha256:HEX]
+TETHER_JOIN_TOKEN=TOKEN tether-agent run [--config FILE] [--controller HOST:PORT[,...] --ca-hash sha256:HEX]
                  [--state-dir DIR] [--node-name NAME] [--metrics-textfile FILE.prom]
-tether-agent run --state-dir DIR          (enrolled: the controller address is remembered there)
+tether-agent run --state-dir DIR          (enrolled: the controller addresses are remembered there)
 tether-agent validate-config [--config FILE] [flags]
 tether-agent status [--state-dir DIR]
 tether-agent facts
@@ -44,7 +44,8 @@ def _parser() -> argparse.ArgumentParser:
         )
         sp.add_argument(
             "--controller",
-            help="controller address HOST:PORT (once enrolled, the state directory remembers it)",
+            help="controller address HOST:PORT, or several replicas' A,B,... tried in turn "
+            "(once enrolled, the state directory remembers them)",
         )
         sp.add_argument(
             "--token",

@@ -4,6 +4,11 @@ States (``AgentState``): ENROLLING -> CONNECTING -> STREAMING, with BACKOFF
 between attempts and DRAINING on shutdown. The plan keeps running while the
 stream is down; events wait in the outbox and go out on the next stream.
 
+With several controller replicas (``tether.nodeagent.controllers``), each failed attempt moves to
+the next address, after the same backoff; a refusal that is final (this node revoked, a CA that is
+not the pinned one) stops the agent as with one. Another replica's Welcome says which events it
+holds (``stored_seq``), and the outbox resends from there.
+
 Inbound messages are dispatched on their ``oneof`` kind; a kind this agent
 does not know (a newer controller) is logged and ignored, so controllers can
 be upgraded before agents.
@@ -18,7 +23,7 @@ import enum
 import random
 import sqlite3
 import time
-from collections.abc import Coroutine, Mapping
+from collections.abc import Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +33,7 @@ from tether.nodeagent import __version__, bundlefetch, deprovision, facts, logs,
 from tether.nodeagent.certinfo import read_certinfo
 from tether.nodeagent.channel import secure_channel
 from tether.nodeagent.config import AgentConfig
+from tether.nodeagent.controllers import Rotation, welcome_addresses
 from tether.nodeagent.enroll import enroll
 from tether.nodeagent.errors import (
     AgentError,
@@ -109,6 +115,9 @@ class Agent:
         self.state_dir = config.state_dir
         self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.identities = IdentityStore(self.state_dir)
+        self.controllers = Rotation(
+            () if config.controllers_remembered else config.controllers, self.identities.controllers()
+        )
         self.db = StateDB(self.state_dir / DB_NAME)
         self.redactor = PROCESS_REDACTOR
         self.redactor.add(config.token)  # a step that prints the join token shows [REDACTED]
@@ -259,7 +268,7 @@ class Agent:
         await self._no_task.wait()
 
     async def _fetch_bundle(self, target: AgentTarget, dest: Path) -> None:
-        await bundlefetch.fetch(self.config.controller, self.identities.load(), target, dest)
+        await bundlefetch.fetch(self.controllers.current, self.identities.load(), target, dest)
 
     async def _run_plan(self) -> None:
         """The executor; a new agent version on probation runs no step until it has committed (a
@@ -270,7 +279,7 @@ class Agent:
     async def _start(self, identity: Identity) -> None:
         """Start the long-lived tasks, each under the supervisor."""
         logs.bind(node=identity.node_name)
-        addresses = await asyncio.to_thread(facts.local_addresses, self.config.controller)
+        addresses = await asyncio.to_thread(facts.local_addresses, self.controllers.current)
         self.executor.set_env(
             {
                 "TETHER_NODE": identity.node_name,
@@ -324,8 +333,8 @@ class Agent:
         self._set_state(AgentState.ENROLLING)
         while True:
             try:
-                node_facts = await asyncio.to_thread(facts.collect_facts, self.config.controller)
-                identity, next_seq = await enroll(self.config, self.identities, node_facts)
+                node_facts = await asyncio.to_thread(facts.collect_facts, self.controllers.current)
+                identity, next_seq = await enroll(self.config, self.identities, node_facts, self.controllers)
                 self.executor.outbox.start_at(next_seq)
                 return identity
             except (EnrollError, IdentityError):
@@ -334,8 +343,10 @@ class Agent:
                 delay = self.backoff.next_delay()
                 log.warning(
                     "controller unavailable for enrollment; retrying",
+                    controller=self.controllers.current,
                     error=str(exc),
                     retry_in=round(delay, 2),
+                    next=self.controllers.advance(),
                 )
                 await asyncio.sleep(delay)
 
@@ -344,6 +355,7 @@ class Agent:
     async def _connect_forever(self) -> None:
         while True:
             self._set_state(AgentState.CONNECTING)
+            logs.bind(controller=self.controllers.current)  # this task's lines say which replica
             started = time.monotonic()
             hint = 0.0
             try:
@@ -382,14 +394,14 @@ class Agent:
             if time.monotonic() - started >= STABLE_STREAM_SECONDS:
                 self.backoff.reset()  # it worked for a while: the next attempt starts quick again
             self._set_state(AgentState.BACKOFF)
+            self.controllers.advance()  # another replica, if there are several
             await asyncio.sleep(max(self.backoff.next_delay(), hint))  # a refusal's hint is a floor
 
     async def _stream_once(self) -> None:
         identity = self.identities.load()
         self.identity = identity
-        async with secure_channel(
-            self.config.controller, identity.ca_pem, identity.key_pem, identity.cert_pem
-        ) as channel:
+        address = self.controllers.current
+        async with secure_channel(address, identity.ca_pem, identity.key_pem, identity.cert_pem) as channel:
             call = wire.AgentServiceStub(channel).Connect()
             await call.write(wire.pb.AgentMessage(hello=await self._hello()))
             first = await call.read()
@@ -402,10 +414,10 @@ class Agent:
             self.last_connected = time.time()
             self._set_state(AgentState.STREAMING)
             self._health_now.set()  # the controller sees fresh health (and an upgrade commits) at once
-            await self._remember_controller()
+            await self._remember_controllers(first.welcome.controllers)
             log.info(
                 "streaming",
-                controller=self.config.controller,
+                controller=address,
                 stored_seq=stored,
                 outbox=self.executor.outbox.count(),
             )
@@ -429,16 +441,23 @@ class Agent:
                     await writer
                 call.cancel()
 
-    async def _remember_controller(self) -> None:
-        """The address that welcomed this node is the one a restart without ``--controller`` uses."""
+    async def _remember_controllers(self, listed: Sequence[str]) -> None:
+        """The live replicas a Welcome lists replace the remembered ones (and become the order to
+        try them in); a Welcome that lists none leaves them, and the address that welcomed this
+        node goes first. A restart without ``--controller`` uses what is remembered."""
+        replicas = welcome_addresses(listed)
         try:
-            await asyncio.to_thread(self.identities.remember_controller, self.config.controller)
+            if self.controllers.welcomed(replicas):
+                if await asyncio.to_thread(self.identities.set_controllers, replicas):
+                    log.info("controller replicas", controllers=",".join(replicas))
+            else:
+                await asyncio.to_thread(self.identities.remember_controller, self.controllers.current)
         except (OSError, ValueError, IdentityError) as exc:
-            log.warning("could not remember the controller address", error=str(exc))
+            log.warning("could not remember the controller addresses", error=str(exc))
 
     async def _hello(self) -> wire.pb.Hello:
         """What this node says first on a stream: its facts, outbox numbers, plan and journal."""
-        node_facts = await asyncio.to_thread(facts.collect_facts, self.config.controller)
+        node_facts = await asyncio.to_thread(facts.collect_facts, self.controllers.current)
         plan = self.executor.plan
         return wire.pb.Hello(
             agent_version=__version__,
@@ -459,7 +478,7 @@ class Agent:
         last_sent = stored_seq
         sent_secrets: set[int] = set()  # serials written on this stream
         if self._gate_digests:  # asked again on a new stream, with what the node has now
-            now = await asyncio.to_thread(facts.collect_facts, self.config.controller)
+            now = await asyncio.to_thread(facts.collect_facts, self.controllers.current)
             self._gate_facts.update((name, now) for name in self._gate_facts)
         for name, (digest, attempt) in list(self._gate_digests.items()):  # acks may change them meanwhile
             await call.write(wire.pb.AgentMessage(gate=self._gate_request(name, digest, attempt)))
@@ -543,7 +562,7 @@ class Agent:
             fut = asyncio.get_running_loop().create_future()
             self._gates[step.name] = fut
         # What the node has now goes with the request: a hardware gate decides on it.
-        node_facts = await asyncio.to_thread(facts.collect_facts, self.config.controller)
+        node_facts = await asyncio.to_thread(facts.collect_facts, self.controllers.current)
         self._gate_facts[step.name] = node_facts
         self._gate_digests[step.name] = (step.digest, attempt)
         self._send(wire.pb.AgentMessage(gate=self._gate_request(step.name, step.digest, attempt)))
@@ -706,6 +725,7 @@ def state_summary(state_dir: Path) -> dict[str, object]:
         summary: dict[str, object] = {
             "enrolled": store.exists(),
             "node": store.load().node_name if store.exists() else "",
+            "controllers": list(store.controllers()),  # the replicas it tries, in order
             "plan_generation": plan.generation if plan else 0,
             "steps": [
                 {"name": s.name, "state": journal[s.digest].state.value if s.digest in journal else "pending"}

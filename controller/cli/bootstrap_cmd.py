@@ -67,7 +67,11 @@ def add_parser(sub: Any) -> None:
     )
     bundle.add_argument("--wheel-dir", default="", help="take wheels from this directory (offline)")
     bundle.add_argument("--bundle-cache", default="", help="bundle cache (default ~/.cache/tether/bundles)")
-    b.add_argument("--controller", default="", help="HOST:PORT the nodes dial (default: admin.conf's)")
+    b.add_argument(
+        "--controller",
+        default="",
+        help="HOST:PORT the nodes dial, or several replicas: A,B (default: admin.conf's)",
+    )
     b.add_argument(
         "--via-controller", action="store_true", help="let the controller do it (AdminService.Bootstrap)"
     )

@@ -39,6 +39,7 @@ from tether.controller.cli.bootstrap_admin import AdminRegistry, aio_channel, re
 from tether.controller.cli.bootstrap_checks import check_with_controller
 from tether.controller.cli.client import CliError, load_config
 from tether.nodeagent import logs
+from tether.nodeagent.controllers import split_addresses
 from tether.nodeagent.identity import split_address
 from tether.nodeagent.secrets import PROCESS_REDACTOR, Redactor, Secret
 
@@ -337,13 +338,12 @@ async def _main(args: argparse.Namespace) -> int:
         secrets.password = secrets.add(Secret(_prompt("SSH password: ", "--ask-password")))
     controller = args.controller or ("" if args.via_controller else conf.controller)
     try:
-        if controller:
-            split_address(controller)
-    except Exception as exc:
+        addresses = split_addresses(controller) if controller else ()  # several replicas: A,B
+    except ValueError as exc:
         raise CliError(f"--controller: {exc}") from None
-    if controller and _is_loopback(controller):
+    for address in filter(_is_loopback, addresses):
         print(
-            f"tetherctl: warning: nodes will dial the controller at {controller}, a loopback address; "
+            f"tetherctl: warning: nodes will dial the controller at {address}, a loopback address; "
             "pass --controller HOST:PORT that the machines can reach",
             file=sys.stderr,
         )

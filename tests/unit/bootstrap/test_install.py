@@ -99,6 +99,15 @@ async def test_fresh_install_runs_every_step_in_order_and_enrolls(tmp_path: Path
     assert "token_file: /etc/tether/join-token" in machine.text(LAYOUT.config)
 
 
+async def test_several_controller_replicas_go_into_the_agent_config(tmp_path: Path) -> None:
+    machine, registry = FakeMachine(), FakeRegistry()
+    result, _ = await run(machine, registry, tmp_path, controller="10.0.0.1:7443,10.0.0.2:7443")
+    assert result.outcome is Outcome.INSTALLED, result.message
+    config = machine.text(LAYOUT.config)
+    assert "controllers:\n- 10.0.0.1:7443\n- 10.0.0.2:7443\n" in config  # the agent tries each
+    assert "\ncontroller:" not in config
+
+
 async def test_detected_facts_are_reported_before_the_first_change(tmp_path: Path) -> None:
     machine = FakeMachine()
     recorded: list[tuple[str, int]] = []
