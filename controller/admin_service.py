@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any, TypeVar
 
 from tether.controller import __version__, admin_rollouts, audit, enrollment, paging, tokens, wire
@@ -26,6 +26,7 @@ from tether.controller.errors import (
 from tether.controller.limits import STREAM_RECHECK_SECONDS
 from tether.controller.nodestate import NodeState, node_state
 from tether.controller.progress import NO_ESTIMATE
+from tether.controller.replicas import dnsnames
 from tether.controller.rpc import stream, unary
 from tether.controller.spec import names
 from tether.controller.store.records import NodeRecord
@@ -43,7 +44,7 @@ class AdminService(wire.AdminServiceServicer):
         self.agents = agents
         self.documents = DocumentParser(app.config.max_document_bytes)
         # Applies check that a new environment's DNS-safe name is free, then write: one at a time
-        # in this process (replicas on a shared store would need the check in the write).
+        # in this process; replicas sharing the store each claim the name first (replicas.dnsnames).
         self._creating = asyncio.Lock()
 
     def _caller(self, context: Any, *, write: bool) -> Principal:
@@ -122,13 +123,19 @@ class AdminService(wire.AdminServiceServicer):
             before = app.store.get_environment(name)
             if before is None:
                 _check_dns_name_free(app, name, who)
-            record, changed = await app.store.put_environment(  # Aborted at a stale expected_generation
-                name,
-                request.document,
-                loaded.api_version,
-                loaded.normalized,
-                expected_generation=request.expected_generation,
-            )
+                _dns_clash(name, await dnsnames.claim(app.store, name), who)
+            try:
+                record, changed = await app.store.put_environment(  # Aborted at a stale expected_generation
+                    name,
+                    request.document,
+                    loaded.api_version,
+                    loaded.normalized,
+                    expected_generation=request.expected_generation,
+                )
+            except BaseException:
+                if before is None:
+                    await dnsnames.release(app.store, name)
+                raise
         replaced = record.generation if not changed else record.generation - 1 if before else 0
         audit.note(generation_before=replaced, generation_after=record.generation)  # not a concurrent one's
         app.planner.remember(record, loaded)  # plans render without parsing it again
@@ -310,7 +317,7 @@ class AdminService(wire.AdminServiceServicer):
         app = self.app
         steps = app.store.node_steps(node.name)
         session = app.hub.session(node.name)
-        connected = session is not None
+        connected = session is not None or app.hub.connected(node.name)  # or on another replica
         state = node_state(node, steps, connected).value
         health = (
             session.health
@@ -475,7 +482,7 @@ class AdminService(wire.AdminServiceServicer):
     ) -> wire.admin.ListEventsResponse:
         self._scoped_node(self._caller(context, write=False), request.node)
         limit = min(request.limit or MAX_EVENTS, MAX_EVENTS)
-        events = self.app.store.list_events(request.node, request.after_seq, limit)
+        events = await self.app.store.list_events(request.node, request.after_seq, limit)
         return wire.admin.ListEventsResponse(
             events=[wire.event_to_pb(_named(e, request.node)) for e in events]
         )
@@ -509,7 +516,7 @@ class AdminService(wire.AdminServiceServicer):
             last: dict[str, int] = {}
             for name in nodes:
                 last[name] = request.after_seq if request.node else 0
-                for e in self._stored(name, last[name]):
+                async for e in self._stored(name, last[name]):
                     last[name] = e.seq
                     yield wire.event_to_pb(e)
             while True:
@@ -519,17 +526,17 @@ class AdminService(wire.AdminServiceServicer):
                     continue
                 if e.seq > seen + 1:
                     # A gap (events stored before this call followed): the store has them all.
-                    for missed in self._stored(e.node, seen, until=e.seq):
+                    async for missed in self._stored(e.node, seen, until=e.seq):
                         yield wire.event_to_pb(missed)
                 last[e.node] = e.seq
                 yield wire.event_to_pb(e)
         finally:
             app.hub.unfollow(follower)
 
-    def _stored(self, node: str, after: int, until: int = 0) -> Iterator[Event]:
+    async def _stored(self, node: str, after: int, until: int = 0) -> AsyncIterator[Event]:
         """A node's stored events after ``after`` (and before ``until``), page by page."""
         while True:
-            page = self.app.store.list_events(node, after, MAX_EVENTS)
+            page = await self.app.store.list_events(node, after, MAX_EVENTS)
             for e in page:
                 if until and e.seq >= until:
                     return
@@ -674,7 +681,14 @@ class AdminService(wire.AdminServiceServicer):
     @unary
     async def ListAuditRecords(self, request: wire.admin.ListAuditRecordsRequest, context: Any) -> Any:
         """Who changed what, newest first; a scoped admin sees its environments' records only."""
-        return audit.list_records(self.app, self._caller(context, write=False), request)
+        return await audit.list_records(self.app, self._caller(context, write=False), request)
+
+    @unary
+    async def ListControllers(self, request: wire.admin.ListControllersRequest, context: Any) -> Any:
+        """The controller replicas sharing this one's store (tether.controller.replicas)."""
+        self._caller(context, write=False)
+        replicas = self.app.replicas
+        return replicas.list_pb() if replicas is not None else wire.admin.ListControllersResponse()
 
     # -- clusters -----------------------------------------------------------------------------
 
@@ -789,14 +803,20 @@ def _check_dns_name_free(app: App, name: str, who: Principal) -> None:
     "another environment" (its name is not the caller's to learn).
 
     Checked before the store's write, under ``AdminService._creating`` with it, so two concurrent
-    applies in this process cannot both pass; controller replicas sharing a store would need the
-    check inside the write (docs/holodeck-files.md, "Names")."""
+    applies in this process cannot both pass; replicas sharing a store also claim the name in the
+    store first (``replicas.dnsnames``: of two at once, one wins)."""
     dns = names.dns_name(name)
     clash = next(
         (e.name for e in app.store.list_environments() if e.name != name and names.dns_name(e.name) == dns),
-        None,
+        "",
     )
-    if clash is not None:
+    _dns_clash(name, clash, who)
+
+
+def _dns_clash(name: str, clash: str, who: Principal) -> None:
+    """AlreadyExists when environment ``clash`` ("": none) has ``name``'s DNS name."""
+    if clash:
+        dns = names.dns_name(name)
         other = f"environment {clash!r}" if who.may_see(clash) else "another environment"
         raise AlreadyExists(
             f"environment {name!r} would have the DNS name {dns!r}, which {other} already "

@@ -143,7 +143,18 @@ class AgentService(wire.AgentServiceServicer):
             raise Unauthenticated(f"the certificate of node {name!r} has been superseded")
         return node
 
-    def _opening(self, context: Any) -> tuple[str, str]:
+    async def admitted_now(self, name: str, presented: str) -> NodeRecord:
+        """``admitted``, asking the database again before a refusal: with several replicas the node
+        may have enrolled or renewed through another one a moment ago (its notice still on the way)."""
+        try:
+            return self.admitted(name, presented)
+        except (PermissionDenied, Unauthenticated):
+            if self.app.store.kind == "sqlite":
+                raise
+        await self.app.store.refresh_node(name)
+        return self.admitted(name, presented)
+
+    async def _opening(self, context: Any) -> tuple[str, str]:
         """(node name, presented fingerprint) of a stream that may open, or a ControllerError."""
         principal = self.app.auth.principal(context)
         if principal.kind is not Kind.NODE:
@@ -155,7 +166,7 @@ class AgentService(wire.AgentServiceServicer):
                 f"node {principal.name!r} opens its stream too often; retry in {math.ceil(wait)}s",
                 retry_after_s=math.ceil(wait),
             )
-        self.admitted(principal.name, principal.fingerprint)
+        await self.admitted_now(principal.name, principal.fingerprint)
         return principal.name, principal.fingerprint
 
     async def Connect(  # type: ignore[override]  # writes with context.write instead of yielding
@@ -163,7 +174,7 @@ class AgentService(wire.AgentServiceServicer):
     ) -> None:
         app = self.app
         try:
-            name, presented = self._opening(context)
+            name, presented = await self._opening(context)
         except ControllerError as exc:
             await _abort(context, exc)
             return
@@ -207,7 +218,7 @@ class AgentService(wire.AgentServiceServicer):
         principal = self.app.auth.principal(context)
         if principal.kind is not Kind.NODE:
             raise PermissionDenied("FetchAgentBundle needs a node certificate (enroll first)")
-        node = self.admitted(principal.name, principal.fingerprint)
+        node = await self.admitted_now(principal.name, principal.fingerprint)
         bundles, held = self._bundle_for(node, request.version)
         if request.offset > held.size:
             raise InvalidArgument(f"offset {request.offset} is past the end ({held.size} bytes)")
@@ -287,7 +298,12 @@ class AgentService(wire.AgentServiceServicer):
         app.progress.seen(node.name, node.environment, app.store.node_steps(node.name))  # what runs now
         await context.write(
             wire.agent.ControllerMessage(
-                welcome=wire.agent.Welcome(node_name=node.name, stored_seq=node.stored_seq)
+                welcome=wire.agent.Welcome(
+                    node_name=node.name,
+                    stored_seq=node.stored_seq,
+                    # the live replicas (this one first) the agent fails over to; none with SQLite
+                    controllers=app.replicas.welcome_controllers() if app.replicas is not None else [],
+                )
             )
         )
         await context.write(
@@ -336,18 +352,20 @@ class AgentService(wire.AgentServiceServicer):
             await context.write(msg)
 
     async def deliver_plan(
-        self, node: NodeRecord, facts: HostFacts, *, agent_digest: str = "", agent_generation: int = -1
+        self,
+        node: NodeRecord,
+        facts: HostFacts,
+        *,
+        agent_digest: str = "",
+        agent_generation: int = -1,
+        generation: int | None = None,
     ) -> None:
         """Render the node's plan; record it and send it when the agent does not have it."""
         app = self.app
         current = app.store.get_node(node.name)
         if current is None or current.revoked:
             return  # a revoked node gets no plan (its stream is being closed)
-        plan = self.resets.plan_for(current)  # a node being reset gets the reset plan
-        if plan is None:
-            cluster = await app.cluster.context(current)
-            generation = app.rollouts.generation_for(current)  # a rollout may hold it back
-            plan = app.planner.plan(node.environment, node.role, facts, cluster, generation)
+        plan = await self.render_plan(current, facts, generation)
         current = app.store.get_node(node.name)
         if current is None or current.revoked:
             return
@@ -356,10 +374,23 @@ class AgentService(wire.AgentServiceServicer):
             if app.hardware is not None:  # a quarantine of a step this plan no longer has goes
                 await app.hardware.on_plan(current, plan)
         if plan.digest != agent_digest or plan.generation != agent_generation:
-            app.hub.send(node.name, self._plan_message(plan))
+            app.hub.send(node.name, self.plan_message(plan))
 
-    async def push_plan(self, name: str) -> None:
-        """Hand ``name`` the plan it should have now (a rollout admitted it); stored when offline."""
+    async def render_plan(self, node: NodeRecord, facts: HostFacts, generation: int | None = None) -> Plan:
+        """The plan ``node`` should have now: the reset plan while it is reset, else its
+        environment's at ``generation`` (None: the one the rollouts let it have)."""
+        app = self.app
+        plan = self.resets.plan_for(node)  # a node being reset gets the reset plan
+        if plan is None:
+            cluster = await app.cluster.context(node)
+            if generation is None:
+                generation = app.rollouts.generation_for(node)  # a rollout may hold it back
+            plan = app.planner.plan(node.environment, node.role, facts, cluster, generation)
+        return plan
+
+    async def push_plan(self, name: str, generation: int | None = None) -> None:
+        """Hand ``name`` the plan it should have now (a rollout admitted it); stored when offline.
+        ``generation``: the one another replica chose for it (None: this one's rollouts decide)."""
         node = self.app.store.get_node(name)
         if node is not None and not node.revoked:
             await self.deliver_plan(
@@ -367,9 +398,10 @@ class AgentService(wire.AgentServiceServicer):
                 facts_from_dict(node.facts),
                 agent_digest=node.plan_digest,
                 agent_generation=node.plan_generation,
+                generation=generation,
             )
 
-    def _plan_message(self, plan: Plan) -> wire.agent.ControllerMessage:
+    def plan_message(self, plan: Plan) -> wire.agent.ControllerMessage:
         """The plan as a message, converted once per plan (a fleet of alike nodes shares it)."""
         key = (plan.environment, plan.role, plan.generation, plan.digest)
         msg = self._plan_messages.get(key)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from tether.controller.agentbundles import AgentBundles
 from tether.controller.auth import Authenticator
@@ -19,6 +20,9 @@ from tether.controller.progress import Progress
 from tether.controller.rollout import RolloutDriver
 from tether.controller.store import Store
 from tether.nodeagent.secrets import PROCESS_REDACTOR, Redactor
+
+if TYPE_CHECKING:
+    from tether.controller.replicas.wiring import Replicas
 
 
 @dataclass
@@ -39,3 +43,4 @@ class App:
     progress: Progress = field(default_factory=Progress)  # step durations: ETAs and stragglers
     hardware: HardwareGate | None = None  # spec.hardware's gate, in front of ``gates`` (quarantine)
     drift: DriftWatch | None = None  # GPU conditions from health reports (spec.hardware.gpus)
+    replicas: Replicas | None = None  # the replicas sharing the store, and whether this one leads

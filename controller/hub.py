@@ -7,7 +7,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from tether.controller.follower import Follower
 from tether.controller.limits import FOLLOWER_QUEUE_BYTES
@@ -54,11 +54,24 @@ class Session:
         self.closed.set()
 
 
+class Remote(Protocol):
+    """The streams other controller replicas hold (``tether.controller.replicas.delivery``)."""
+
+    def attached(self, session: Session) -> None: ...
+
+    def detached(self, session: Session) -> None: ...
+
+    def connected(self, node: str) -> bool: ...
+
+    def send(self, node: str, msg: Any) -> bool: ...
+
+
 class Hub:
     def __init__(self) -> None:
         self._sessions: dict[str, Session] = {}
         self._followers: dict[str, set[Follower]] = defaultdict(set)
         self.on_change: Callable[[str], None] = lambda node: None  # a stream came or went (nodewatch)
+        self.remote: Remote | None = None  # several replicas: streams held by the others
 
     # -- sessions -----------------------------------------------------------------------------
 
@@ -69,27 +82,32 @@ class Hub:
             old.close()
         session = Session(node, environment)
         self._sessions[node] = session
+        if self.remote is not None:
+            self.remote.attached(session)
         self.on_change(node)
         return session
 
     def detach(self, session: Session) -> None:
         if self._sessions.get(session.node) is session:
             del self._sessions[session.node]
+            if self.remote is not None:
+                self.remote.detached(session)
             self.on_change(session.node)
 
     def session(self, node: str) -> Session | None:
         return self._sessions.get(node)
 
     def connected(self, node: str) -> bool:
-        return node in self._sessions
+        """Its stream is open here or, with several replicas, on a live other one."""
+        return node in self._sessions or (self.remote is not None and self.remote.connected(node))
 
     def sessions(self, environment: str = "") -> list[Session]:
         return [s for s in self._sessions.values() if not environment or s.environment == environment]
 
     def send(self, node: str, msg: Any) -> bool:
         session = self._sessions.get(node)
-        if session is None:
-            return False
+        if session is None:  # with several replicas: to the one that holds its stream, if any
+            return self.remote.send(node, msg) if self.remote is not None else False
         session.send(msg)
         return True
 
@@ -110,6 +128,11 @@ class Hub:
             self._followers[key].discard(follower)
             if not self._followers[key]:
                 del self._followers[key]
+
+    def following(self, node: str, environment: str) -> bool:
+        """Someone follows the events of ``node`` (or of its environment)."""
+        followers = self._followers
+        return bool(followers) and (f"node:{node}" in followers or f"env:{environment}" in followers)
 
     def publish(self, node: str, environment: str, events: Iterable[Event]) -> None:
         if not self._followers:

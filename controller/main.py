@@ -3,10 +3,13 @@
 tether-controller serve [--listen HOST:PORT] [--data-dir DIR] [--advertise HOST:PORT] [--san NAME ...]
                         [--max-document-bytes N] [--enroll-rate PER_SECOND]
                         [--node-output-rate BYTES_PER_SECOND] [--metrics-listen HOST:PORT]
+                        [--store postgresql://USER@HOST:PORT/DB --store-key-file PATH]
 tether-controller admin issue --name NAME [--role admin|read-only] [--environments E1,E2] [--days N]
                               --out FILE
 tether-controller admin list | revoke (--name NAME | --fingerprint PREFIX)
+    (admin *: [--store URL] --store-key-file F for the identity kept in a store; issue: [--controller A])
 tether-controller agent-bundle add FILE | list [--agent-bundles DIR | --data-dir DIR]
+tether-controller migrate [--store URL | --data-dir DIR]
 """
 
 from __future__ import annotations
@@ -58,6 +61,21 @@ def _parser() -> argparse.ArgumentParser:
         type=Path,
         default=Path("/var/lib/tether-controller"),
         help="state directory: SQLite store, CA, admin.conf",
+    )
+    s.add_argument(
+        "--store",
+        default="",
+        metavar="URL",
+        help="where the state lives: postgresql://USER@HOST:PORT/DB (controller replicas share it) or "
+        "a SQLite file (default: DATA_DIR/tether.db)",
+    )
+    s.add_argument(
+        "--store-key-file",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="the key that seals the CA, secret box and admin registry in the store (required with "
+        "PostgreSQL; the first replica creates it, 0600: give the others a copy)",
     )
     s.add_argument(
         "--advertise", default="", help="HOST:PORT agents should use (default: the listen address)"
@@ -115,6 +133,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     issue.add_argument("--days", type=float, default=365.0, help="certificate lifetime")
     issue.add_argument("--out", type=Path, required=True, help="where to write it (mode 0600)")
+    issue.add_argument(
+        "--controller",
+        default="",
+        metavar="HOST:PORT",
+        help="with --store-key-file: the address it names (default: DATA_DIR/admin.conf's, else a "
+        "live replica's)",
+    )
     listing = admin.add_parser("list", help="admin certificates issued, and which are revoked")
     listing.add_argument("--data-dir", type=Path, default=Path("/var/lib/tether-controller"))
     revoke = admin.add_parser(
@@ -124,6 +149,13 @@ def _parser() -> argparse.ArgumentParser:
     who = revoke.add_mutually_exclusive_group(required=True)
     who.add_argument("--name", default="", help="every unrevoked certificate issued to this name")
     who.add_argument("--fingerprint", default="", help="one certificate (a unique prefix, from admin list)")
+    for sp in (issue, listing, revoke):  # the identity kept in a store (tether.controller.identity)
+        sp.add_argument(
+            "--store", default="", help="the controllers' store (postgresql://...; default: DATA_DIR's)"
+        )
+        sp.add_argument(
+            "--store-key-file", type=Path, default=None, help="the key file that seals the identity in it"
+        )
     bundles = sub.add_parser("agent-bundle", help="agent bundles for agent upgrades").add_subparsers(
         dest="verb", required=True
     )
@@ -132,8 +164,40 @@ def _parser() -> argparse.ArgumentParser:
     for sp in (add, bundles.add_parser("list", help="the bundles in the bundle directory")):
         sp.add_argument("--data-dir", type=Path, default=Path("/var/lib/tether-controller"))
         sp.add_argument("--agent-bundles", type=Path, default=None, help="default DATA_DIR/agent-bundles")
+    migrate = sub.add_parser("migrate", help="apply the store's schema migrations now (serve does at start)")
+    where = migrate.add_mutually_exclusive_group()
+    where.add_argument(
+        "--store", default="", metavar="URL", help="postgresql://USER@HOST:PORT/DB or a SQLite file"
+    )
+    where.add_argument(
+        "--data-dir", type=Path, default=Path("/var/lib/tether-controller"), help="its tether.db"
+    )
     sub.add_parser("version", help="print the version")
     return p
+
+
+def migrate_command(args: argparse.Namespace) -> int:
+    """``tether-controller migrate``: what it applied, one line each (nothing: up to date)."""
+    from tether.controller.errors import ControllerError
+    from tether.controller.store import migrations
+
+    location = args.store or args.data_dir / "tether.db"
+    if not migrations.is_postgres_url(str(location)) and not Path(location).is_file():
+        print(f"tether-controller: no store at {location} (nothing to migrate)", file=sys.stderr)
+        return 1
+    try:
+        applied = asyncio.run(migrations.apply(location))
+    except (ControllerError, OSError) as exc:
+        print(f"tether-controller: {exc}", file=sys.stderr)
+        return 1
+    for line in applied:
+        print(f"applied {line}")
+    print(
+        "the store's schema is up to date"
+        if applied
+        else "nothing to apply: the store's schema is up to date"
+    )
+    return 0
 
 
 def bundle_command(args: argparse.Namespace) -> int:
@@ -160,6 +224,10 @@ def admin_command(args: argparse.Namespace) -> int:
     from tether.controller.admins import AdminRegistry
     from tether.controller.errors import ControllerError
 
+    if args.store or args.store_key_file is not None:
+        from tether.controller.identity.cli import admin_store_command
+
+        return admin_store_command(args)
     current = args.data_dir / "admin.conf"
     if not (args.data_dir / "pki" / "ca.key").exists() or not current.exists():
         print(
@@ -220,6 +288,8 @@ def main(argv: list[str] | None = None) -> int:
         return admin_command(args)
     if args.command == "agent-bundle":
         return bundle_command(args)
+    if args.command == "migrate":
+        return migrate_command(args)
     logs.configure(args.log_level)
     config = ControllerConfig(
         data_dir=args.data_dir,
@@ -235,6 +305,8 @@ def main(argv: list[str] | None = None) -> int:
         agent_bundles_dir=args.agent_bundles,
         agent_platform=args.agent_platform,
         metrics_listen=args.metrics_listen,
+        store=args.store,
+        store_key_file=args.store_key_file,
     )
 
     def ready(address: str) -> None:

@@ -192,6 +192,14 @@ class NodeWatch:
         snapshot = replace(record, facts={}, health={})
         self._append(DELETED, GONE, record.name, record.environment, last, snapshot)
 
+    def forgotten(self, name: str) -> None:
+        """Another replica deleted ``name`` (its record is gone already): ``deleted`` with what
+        this one last knew of it."""
+        before = self._states().get(name)
+        if before is not None:
+            record = NodeRecord(name, before.environment, "", "", "", "", before.enrolled_ms)
+            self.deleted(record, before.state)
+
     def _append(
         self,
         kind: str,

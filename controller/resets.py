@@ -8,7 +8,9 @@ node: its record, steps, events and cluster bookkeeping. A reset not reported by
 given up: the node is revoked and forgotten, with a warning saying so. An environment deleted
 with ``--reset`` goes once its last node has.
 
-Timers live in memory; after a controller restart they are armed again on first use.
+Timers live in memory; after a controller restart they are armed again on first use. With
+controller replicas only the leader arms them (``lead``/``rearm``; ``tether.controller.replicas``):
+a reset started through another replica is armed at the leader's next ``rearm``.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 from tether.controller.app import App
 from tether.controller.limits import RESET_CLOSE_GRACE_SECONDS, RESET_TIMEOUT_SECONDS
 from tether.controller.render.deprovision import render_deprovision
+from tether.controller.replicas import dnsnames
 from tether.controller.store.records import NodeRecord
 from tether.nodeagent import logs
 from tether.nodeagent.deprovision import RESET_DONE_STEP
@@ -41,6 +44,9 @@ class Resets:
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._armed = False
         self._tasks: set[asyncio.Task[None]] = set()
+        # Whether this process gives up overdue resets: the one replica, or the leader of several
+        # (the server sets it False until this replica leads).
+        self.leading = True
 
     # -- queries --------------------------------------------------------------------------------
 
@@ -107,6 +113,7 @@ class Resets:
         for node in app.store.list_nodes(name):
             await self.forget(node)
         await app.store.delete_environment(name)
+        await dnsnames.release(app.store, name)
         await app.cluster.forget_environment(name)
         await app.rollouts.forget(name)
         for t in app.store.list_tokens(name):
@@ -136,15 +143,35 @@ class Resets:
 
     def _arm(self) -> None:
         """Once per process: timers for the resets a previous run of the controller started."""
-        if self._armed:
+        if self._armed or not self.leading:
             return
         self._armed = True
+        self._arm_new()
+
+    def _arm_new(self) -> None:
         for key in self.app.store.kv_keys(_RESET):
+            if key.removeprefix(_RESET) in self._timers:
+                continue
             raw = self.app.store.kv_get(key)
             deadline = int(json.loads(raw).get("deadline_ms", 0)) if raw else 0
             self._schedule(key.removeprefix(_RESET), deadline)
 
+    async def rearm(self) -> None:
+        """This replica leads: timers for every reset in the store it has none for yet (started
+        before it led, or through another replica)."""
+        self.leading = self._armed = True
+        self._arm_new()
+
+    async def unlead(self) -> None:
+        """Another replica leads now: its timers give up overdue resets, not this one's."""
+        self.leading = self._armed = False
+        for timer in self._timers.values():
+            timer.cancel()
+        self._timers.clear()
+
     def _schedule(self, name: str, deadline_ms: int) -> None:
+        if not self.leading:
+            return
         old = self._timers.pop(name, None)
         if old is not None:
             old.cancel()
@@ -162,7 +189,12 @@ class Resets:
         return task
 
     async def _expire(self, name: str) -> None:
-        self._timers.pop(name, None)
+        try:
+            await self._give_up(name)
+        finally:  # kept until now: a rearm meanwhile must not arm it again
+            self._timers.pop(name, None)
+
+    async def _give_up(self, name: str) -> None:
         node = self.app.store.get_node(name)
         if node is None or not self.resetting(name):
             await self.app.store.kv_delete(_RESET + name)

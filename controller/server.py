@@ -7,8 +7,8 @@ import contextlib
 import gc
 import shutil
 import signal
-import socket
 from collections.abc import Callable
+from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -16,8 +16,6 @@ from grpc_reflection.v1alpha import reflection
 
 from tether.controller import metrics, wire
 from tether.controller.admin_service import AdminService
-from tether.controller.adminconf import AdminConfig
-from tether.controller.admins import AdminRegistry
 from tether.controller.agent_service import AgentService
 from tether.controller.agentbundles import agent_bundles
 from tether.controller.app import App
@@ -30,14 +28,16 @@ from tether.controller.guard import Guard, enroll_bucket
 from tether.controller.hardware.drift import DriftWatch
 from tether.controller.hardware.gate import HardwareGate
 from tether.controller.hub import Hub
+from tether.controller.identity import Identity, ensure_admin_conf, load_identity
 from tether.controller.listen import WILDCARDS, ListenError, preflight
 from tether.controller.nodewatch import NodeWatch
 from tether.controller.planner import Planner
+from tether.controller.replicas import delivery
+from tether.controller.replicas import wiring as replicas
 from tether.controller.rollout import RolloutDriver
-from tether.controller.secretbox import SecretBox
 from tether.controller.spec import load_document
 from tether.controller.spec.model import EnvironmentSpec
-from tether.controller.store import NodeRecord, SqliteStore
+from tether.controller.store import NodeRecord, Store, open_store
 from tether.controller.transport import server_options
 from tether.nodeagent import anonymous, logs, systemd
 from tether.nodeagent.facts import local_addresses
@@ -72,7 +72,7 @@ def _serving_names(config: ControllerConfig, host: str) -> tuple[list[str], str]
     return hosts, advertise_host
 
 
-def _add_services(server: grpc.aio.Server, app: App) -> health.aio.HealthServicer:
+def _add_services(server: grpc.aio.Server, app: App) -> tuple[health.aio.HealthServicer, AgentService]:
     """The agent and admin services, health and reflection, on ``server``."""
     agents = AgentService(app)
     app.rollouts.deliver = agents.push_plan
@@ -82,7 +82,13 @@ def _add_services(server: grpc.aio.Server, app: App) -> health.aio.HealthService
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     names = (*wire.SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME)
     reflection.enable_server_reflection(names, server)
-    return health_servicer
+    return health_servicer, agents
+
+
+async def _open_store(config: ControllerConfig) -> Store:
+    """``--store``: a PostgreSQL URL, or a SQLite file (default: DATA_DIR/tether.db, as always)."""
+    location = config.store or config.data_dir / "tether.db"
+    return await open_store(location, observe_commit=metrics.store_committed)
 
 
 class Controller:
@@ -94,6 +100,8 @@ class Controller:
         self.app: App | None = None
         self.address = ""
         self.metrics: metrics.MetricsListener | None = None
+        self.replicas: replicas.Replicas | None = None
+        self.delivery: delivery.Delivery | None = None
 
     async def start(self) -> App:
         """Check the address, then create what is missing; a failure leaves no new state behind."""
@@ -103,20 +111,31 @@ class Controller:
             preflight(config.metrics_listen)
         created = not config.data_dir.exists()
         config.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        store: SqliteStore | None = None
+        store: Store | None = None
         try:
-            ca = CertificateAuthority.load_or_create(config.data_dir / "pki")
-            store = SqliteStore(config.data_dir / "tether.db", observe_commit=metrics.store_committed)
-            return await self._serve(ca, store, host)
+            store = await _open_store(config)
+            identity = await load_identity(config, store)
+            return await self._serve(identity, store, host)
         except BaseException:
-            if self.metrics is not None:
-                self.metrics.close()
-                self.metrics = None
-            if store is not None:
-                await store.close()
-            if created:
-                shutil.rmtree(config.data_dir, ignore_errors=True)
+            await self._undo_start(store, created)
             raise
+
+    async def _undo_start(self, store: Store | None, created: bool) -> None:
+        """After a failed start: stop what started, and remove a data dir this start created,
+        unless it holds the key file of an identity now sealed in a shared database."""
+        if self.metrics is not None:
+            self.metrics.close()
+            self.metrics = None
+        if self.replicas is not None:
+            await self.replicas.stop()
+            self.replicas = None
+        if self.delivery is not None:
+            await self.delivery.stop()
+            self.delivery = None
+        if store is not None:
+            await store.close()
+        if created and not _holds_shared_key(self.config, store):
+            shutil.rmtree(self.config.data_dir, ignore_errors=True)
 
     def _bind(self, ca: CertificateAuthority, host: str) -> tuple[grpc.aio.Server, int, str]:
         """The server, bound: (server, port, the host agents are told)."""
@@ -145,18 +164,18 @@ class Controller:
             raise ListenError(f"cannot listen on {config.listen}")
         return server, bound, advertise_host
 
-    async def _serve(self, ca: CertificateAuthority, store: SqliteStore, host: str) -> App:
+    async def _serve(self, identity: Identity, store: Store, host: str) -> App:
         config = self.config
+        ca = identity.ca
         server, bound, advertise_host = self._bind(ca, host)
         self.address = _join_host(host, bound)
         advertise = config.advertise or _join_host(advertise_host, bound)
         hub = Hub()
         watch = NodeWatch(store, hub)  # the servicers write through watch.store: node changes are seen
-        box = SecretBox.load_or_create(config.data_dir / "pki" / "secrets.key")
         bundles = agent_bundles(config)
         planner = Planner(store, bundles=bundles)
-        cluster = Orchestrator(store, hub, box, PROCESS_REDACTOR, specs=planner.spec)
-        admins = AdminRegistry(config.data_dir / "pki")  # revocations and scopes of admin certificates
+        cluster = Orchestrator(store, hub, identity.box, PROCESS_REDACTOR, specs=planner.spec)
+        admins = identity.admins  # revocations and scopes of admin certificates
         app = App(
             config=config,
             ca=ca,
@@ -173,21 +192,27 @@ class Controller:
         )
         app.hardware = HardwareGate(app.store, hub, cluster, spec_of=lambda node: _node_spec(app, node))
         app.drift = DriftWatch(app.store, hub, planner.spec, state=watch.state, cordoner=cluster)
-        health_servicer = _add_services(server, app)
+        health_servicer, agents = _add_services(server, app)
+        self.delivery = delivery.install(app, agents)  # several replicas: None with SQLite
         await watch.start()
+        if self.delivery is not None:
+            await self.delivery.start()
         await _parse_stored_specs(app)
         await _build_named_bundles(app)
         if config.metrics_listen:
-            self.metrics = metrics.MetricsListener(config.metrics_listen, store.path)
+            self.metrics = metrics.MetricsListener(config.metrics_listen, _db_path(store))
+        # Registered among the replicas before serving; the leader (with SQLite: this one, at once)
+        # resumes the rollouts the store holds and runs the other singleton work.
+        self.replicas = app.replicas = await replicas.start(store, app, agents.resets, advertise)
         await server.start()
-        app.rollouts.run()  # resumes the rollouts the store holds
         app.progress.run(app.hub, app.store.get_node)  # flags stragglers (not revoked nodes)
         for name in ("", *wire.SERVICE_NAMES):
             await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
         if self.metrics is not None:
             self.metrics.attach(app, asyncio.get_running_loop(), self.address)
             self.metrics.probes.serving = True
-        self._write_admin_conf(ca, advertise if host in WILDCARDS else self.address)
+        admin_address = advertise if host in WILDCARDS else self.address
+        await ensure_admin_conf(identity, config.data_dir / "admin.conf", admin_address)
         self.server, self.app = server, app
         log.info(
             "controller started",
@@ -195,39 +220,23 @@ class Controller:
             advertise=advertise,
             ca_hash=ca.ca_hash,
             data_dir=str(config.data_dir),
+            store=store.kind,
+            replica=store.replica_id,
         )
         return app
-
-    def _write_admin_conf(self, ca: CertificateAuthority, address: str) -> None:
-        path = self.config.data_dir / "admin.conf"
-        if path.exists():
-            current = AdminConfig.read(path)
-            if current.controller != address:
-                AdminConfig(
-                    address,
-                    current.ca_hash,
-                    current.ca_pem,
-                    current.cert_pem,
-                    current.key_pem,
-                    current.name,
-                    current.role,
-                ).write(path)
-            return
-        name = socket.gethostname() or "admin"
-        key_pem, issued = ca.issue_admin(name, "admin")
-        AdminRegistry(self.config.data_dir / "pki").record(name, "admin", issued)
-        # Its name is the certificate's: the audit log and events name the admin by it.
-        AdminConfig(address, ca.ca_hash, ca.cert_pem, issued.cert_pem, key_pem, name=name).write(path)
-        log.info("admin credentials written", path=str(path))
 
     async def stop(self, grace: float = 5.0) -> None:
         if self.metrics is not None:
             self.metrics.probes.serving = False  # /readyz fails while the calls drain
+        if self.replicas is not None:
+            await self.replicas.stop()  # the lead goes to another replica at once
         if self.app is not None:
             await self.app.rollouts.stop()
             await self.app.progress.stop()
         if self.server is not None:
             await self.server.stop(grace)
+        if self.delivery is not None:
+            await self.delivery.stop()  # this replica's streams are gone for the others at once
         if self.metrics is not None:
             await asyncio.to_thread(self.metrics.close)
         if self.app is not None:
@@ -236,6 +245,23 @@ class Controller:
     async def wait(self) -> None:
         assert self.server is not None
         await self.server.wait_for_termination()
+
+
+def _db_path(store: Store) -> Path:
+    """The SQLite file the metrics listener reads (a PostgreSQL store has none)."""
+    path = getattr(store, "path", None)
+    if not isinstance(path, Path):
+        raise ControllerError("--metrics-listen needs the SQLite store for now (not a PostgreSQL one)")
+    return path
+
+
+def _holds_shared_key(config: ControllerConfig, store: Store | None) -> bool:
+    """Whether the data dir holds the --store-key-file of a database store: the identity sealed
+    with it may already be in the database, and without the key nobody could open it again."""
+    key = config.store_key_file
+    if key is None or store is None or store.kind == "sqlite" or not key.exists():
+        return False
+    return key.resolve().is_relative_to(config.data_dir.resolve())
 
 
 def _node_spec(app: App, node: NodeRecord) -> EnvironmentSpec | None:

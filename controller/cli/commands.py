@@ -11,7 +11,7 @@ from typing import Any
 import grpc
 
 from tether.controller import paging, tokens, wire
-from tether.controller.cli import describe, node_cmd, rollout_cmd
+from tether.controller.cli import controller_cmd, describe, node_cmd, rollout_cmd
 from tether.controller.cli.client import CliError, Session, check_size_here, explain, read_input
 from tether.controller.cli.output import ago, colour, emit, eta, shape, shape_times, straggler, table, when
 from tether.controller.cli.waiting import UntilDone
@@ -230,9 +230,12 @@ def token_create(args: argparse.Namespace) -> int:
 
         # The token travels in the agent's environment, never on its command line (/proc/PID/cmdline
         # is world-readable); the agent drops it once read. Still one line to paste and append to.
+        # Every live controller replica, the one that answered first: the agent fails over.
+        live = controller_cmd.live_addresses(s)
+        controllers = ",".join([reply.controller, *(a for a in live if a != reply.controller)])
         cmd = (
             f"TETHER_JOIN_TOKEN={shlex.quote(reply.token)} tether-agent run "
-            f"--controller {shlex.quote(reply.controller)} --ca-hash {shlex.quote(reply.ca_hash)}"
+            f"--controller {shlex.quote(controllers)} --ca-hash {shlex.quote(reply.ca_hash)}"
         )
         if args.node_name:
             cmd += f" --node-name {shlex.quote(args.node_name)}"

@@ -14,6 +14,7 @@
     tetherctl agent upgrade --env NAME [--version V] | agent bundles
     tetherctl events --node NAME [--follow [--until-done]] [-o json]
     tetherctl audit [--env NAME] [--limit N] [-o json]   (who changed what, newest first)
+    tetherctl controller list [-o json]            (the controller replicas; which one leads)
     tetherctl plan --node NAME | --env NAME --role ROLE
     tetherctl bootstrap --env NAME --role ROLE (--ssh USER@HOST[:PORT] | --ssm ID | --inventory FILE)
     tetherctl config get-contexts | use-context NAME | add-context NAME --from FILE
@@ -43,6 +44,7 @@ from tether.controller.cli import (
     commands,
     completion,
     config_cmd,
+    controller_cmd,
     node_cmd,
     rollout_cmd,
     version_cmd,
@@ -199,6 +201,7 @@ def _parser() -> argparse.ArgumentParser:
     cluster_cmd.add_parser(sub)
     rollout_cmd.add_parser(sub)
     audit_cmd.add_parser(sub)
+    controller_cmd.add_parser(sub)
     waiting.add_parser(sub)
     bootstrap_cmd.add_parser(sub)
     config_cmd.add_parser(sub)

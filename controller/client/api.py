@@ -189,6 +189,14 @@ class Client:
 
         return pages.items(fetch, lambda page: page.records)
 
+    # -- controller replicas ------------------------------------------------------------------
+
+    def list_controllers(self) -> list[admin_pb2.ControllerReplica]:
+        """The controller replicas sharing the store, live ones first (``leader``: the one that
+        runs the singleton work)."""
+        reply = self.call(self._stub.ListControllers, admin_pb2.ListControllersRequest())
+        return list(reply.controllers)
+
     # -- rollouts -----------------------------------------------------------------------------
 
     def get_rollout(self, environment: str) -> admin_pb2.Rollout | None:

@@ -147,6 +147,10 @@ class Drainer:
         if pending is not None and pending.timer is not None:
             pending.timer.cancel()
 
+    def waits_on(self, runner: str) -> bool:
+        """A task sent to ``runner`` has not answered yet."""
+        return any(p.runner == runner for p in (*self._pending.values(), *self._cordons.values()))
+
     def pending(self, node: str) -> str:
         """The node's open gate ("drain", "uncordon") and where its task went, for logs and tests."""
         p = self._pending.get(node)

@@ -61,6 +61,7 @@ from tether.controller.cluster.scripts import label_task, refresh_task
 from tether.controller.errors import FailedPrecondition, NotFound
 from tether.controller.hub import Hub
 from tether.controller.nodestate import failing_step, failure_text, node_state
+from tether.controller.replicas import chain
 from tether.controller.secretbox import SecretBox
 from tether.controller.spec import LoadedSpec, load_document
 from tether.controller.spec.model import ClusterSpec
@@ -80,6 +81,7 @@ LABEL_TASK_PREFIX = "task:label-"
 # timeout (1200 s, components.cluster) and then some, so a machine that died mid-join frees it.
 CP_JOIN_SLOT_S = 1500.0
 CP_JOIN_SLOT = "cp-join"
+ELSEWHERE = "elsewhere-"  # a refresh another replica asked for: no answer arrives here
 
 
 @dataclass
@@ -106,6 +108,12 @@ def _key(env: str, what: str) -> str:
     return f"cluster/{env}/{what}"
 
 
+def _slot_record(**fields: str) -> bytes:
+    """A join slot record: its holder (``node``; "" when free), unique (a chain follows it)."""
+    record = {**fields, "since_ms": now_ms(), "nonce": secrets.token_hex(8)}
+    return json.dumps(record, sort_keys=True).encode()
+
+
 class Orchestrator:
     """The gate keeper for cluster environments (``tether.controller.gates.GateKeeper``)."""
 
@@ -130,6 +138,8 @@ class Orchestrator:
         self._labelling: dict[str, float] = {}  # node -> when its label task was sent
         self._slot_lock = asyncio.Lock()  # the join slot's check-and-take
         self._tasks: set[asyncio.Task[None]] = set()
+        # Several replicas: (env, node, cert_key) asks the replica holding ``node``'s stream for a refresh.
+        self.refresh_elsewhere: Callable[[str, str, bool], None] | None = None
         self._drain = Drainer(
             hub,
             live=self._live,
@@ -435,12 +445,40 @@ class Orchestrator:
         if need_refresh:
             self._request_refresh(env, cert_key=need_cert_key, force=False)
 
+    # -- several replicas ---------------------------------------------------------------------
+
+    async def remote_kv(self, key: str) -> None:
+        """Another replica changed ``key``: join material it stored, or a join slot it freed, may
+        let this replica's waiters go (their gate requests came here)."""
+        parts = key.split("/")
+        if len(parts) != 3 or parts[0] != "cluster" or parts[2] not in ("material", CP_JOIN_SLOT):
+            return
+        env, what = parts[1], parts[2]
+        state = self._envs.get(env)
+        if what == "material":
+            self._material.pop(env, None)
+            if state is not None and state.refresh_id.startswith(ELSEWHERE):
+                state.refresh_id = state.refresh_node = ""
+        if state is not None and state.waiters:
+            await self._release_waiters(env)
+
+    def awaits_events_of(self, node: str) -> bool:
+        """A kubectl task this replica sent waits for ``node``'s events (it may stream elsewhere)."""
+        return self._drain.waits_on(node)
+
+    def remote_events(self, node: NodeRecord, events: Sequence[Event]) -> None:
+        """Events ``node`` sent to another replica: the answers of kubectl tasks sent from here."""
+        self._drain.on_events(node, events)
+
     # -- control planes join one at a time ----------------------------------------------------
 
     def join_slot_holder(self, env: str) -> str:
         """The control plane that holds the environment's join slot now ("" when it is free): it
         was released and its kubeadm-join has not ended (succeeded, or failed its last attempt)."""
-        raw = self._store.kv_get(_key(env, CP_JOIN_SLOT))
+        return self._holder_of(env, self._store.kv_get(_key(env, CP_JOIN_SLOT)))
+
+    def _holder_of(self, env: str, raw: bytes | None) -> str:
+        """``join_slot_holder`` of the slot record ``raw``."""
         if raw is None:
             return ""
         slot: dict[str, Any] = json.loads(raw)
@@ -461,24 +499,39 @@ class Orchestrator:
         return holder
 
     async def _take_join_slot(self, env: str, node: str, digest: str) -> bool:
-        """Take (or keep) the join slot for control plane ``node``; False while another holds it."""
+        """Take (or keep) the join slot for control plane ``node``; False while another holds it.
+        Replicas sharing the store may each see the slot free: one takes it (``replicas.chain``)."""
         async with self._slot_lock:
-            holder = self.join_slot_holder(env)
-            if holder and holder != node:
-                log.info("control plane waits while another one joins", node=node, joining=holder)
-                self._recheck_slot_later(env)
-                return False
-            slot = {"node": node, "digest": digest, "since_ms": now_ms()}
-            await self._store.kv_put(_key(env, CP_JOIN_SLOT), json.dumps(slot).encode())
-            return True
+            slot = _key(env, CP_JOIN_SLOT)
+            taken, last = await chain.append(
+                self._store,
+                slot,
+                self._store.kv_get(slot),
+                _slot_record(node=node, digest=digest),
+                lambda raw: self._holder_of(env, raw) in ("", node),
+            )
+            if taken:
+                await self._store.kv_put(slot, last or b"")
+                return True
+            holder = self._holder_of(env, last) or "another control plane"
+            log.info("control plane waits while another one joins", node=node, joining=holder)
+            self._recheck_slot_later(env)
+            return False
 
     async def _free_join_slot(self, env: str, node: str) -> None:
         """``node``'s join ended (or it left): the next waiting control plane may join."""
         async with self._slot_lock:
-            raw = self._store.kv_get(_key(env, CP_JOIN_SLOT))
-            if raw is None or json.loads(raw).get("node") != node:
+            slot = _key(env, CP_JOIN_SLOT)
+            freed, last = await chain.append(
+                self._store,
+                slot,
+                self._store.kv_get(slot),
+                _slot_record(node="", freed=node),  # not a delete: the next take follows this record
+                lambda raw: raw is not None and json.loads(raw).get("node") == node,
+            )
+            if not freed:
                 return
-            await self._store.kv_delete(_key(env, CP_JOIN_SLOT))
+            await self._store.kv_put(slot, last or b"")
         log.info("control plane join ended; the join slot is free", environment=env, node=node)
         await self._release_waiters(env)
 
@@ -507,6 +560,25 @@ class Orchestrator:
                 "no control plane is connected to refresh the join material; waiting", environment=env
             )
             return
+        if self.refresh_elsewhere is not None and self._hub.session(target) is None:
+            # Its stream is on another replica: that one asks, and the answer (stored material)
+            # comes back here as a change of the store (``remote_kv``).
+            state.refresh_id, state.refresh_node = f"{ELSEWHERE}{secrets.token_hex(16)}", target
+            state.refresh_started, state.refresh_cert_key = time.monotonic(), cert_key
+            self.refresh_elsewhere(env, target, cert_key)
+            log.info("join material refresh asked of another replica", environment=env, node=target)
+            return
+        self._send_refresh(env, target, cert_key)
+
+    def refresh_here(self, env: str, node: str, cert_key: bool) -> bool:
+        """Another replica asks ``node``, whose stream this one holds, for fresh join material."""
+        if self._hub.session(node) is None or self._live(node) is None:
+            return False
+        self._send_refresh(env, node, cert_key)
+        return True
+
+    def _send_refresh(self, env: str, target: str, cert_key: bool) -> None:
+        state = self._envs.setdefault(env, _EnvState())
         command_id = f"refresh-{secrets.token_hex(16)}"  # unguessable: only this answer is accepted
         state.refresh_id, state.refresh_node = command_id, target
         state.refresh_started, state.refresh_cert_key = time.monotonic(), cert_key

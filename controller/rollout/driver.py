@@ -10,6 +10,7 @@ import contextlib
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, Protocol
 
 from tether.controller.cluster.orchestrator import Orchestrator
 from tether.controller.errors import FailedPrecondition, NotFound
@@ -20,6 +21,7 @@ from tether.controller.rollout.advance import Observed, advance
 from tether.controller.rollout.state import NodeProgress, NodeStage, Rollout, RolloutStatus
 from tether.controller.spec.model import RolloutPolicy
 from tether.controller.store import EnvironmentRecord, NodeRecord, Store
+from tether.controller.store.records import StoreChange
 from tether.nodeagent import logs
 from tether.nodeagent.model import Role, facts_from_dict, now_ms
 
@@ -32,6 +34,12 @@ ROSTER_SECONDS = 5.0  # how often a rollout lists all its nodes (to drop revoked
 Deliver = Callable[[str], Awaitable[None]]
 
 
+class Relay(Protocol):
+    """Carries a rollout command to the replica that leads (``tether.controller.replicas``)."""
+
+    async def ask(self, action: str, environment: str, **fields: Any) -> Rollout: ...
+
+
 class RolloutError(FailedPrecondition):
     """A rollout command that does not apply now (nothing to undo, nothing to resume ...)."""
 
@@ -40,12 +48,11 @@ class RolloutDriver:
     def __init__(self, store: Store, hub: Hub, planner: Planner, cluster: Orchestrator) -> None:
         self._store, self._hub, self._planner, self._cluster = store, hub, planner, cluster
         self._rollouts: dict[str, Rollout] = {}
-        for key in store.kv_keys(KEY_PREFIX):
-            raw = store.kv_get(key)
-            if raw:
-                r = Rollout.loads(raw)
-                self._rollouts[r.environment] = r
+        self._load()
         self.deliver: Deliver | None = None  # set by the agent service: hand a node its plan now
+        # Replicas: only the leader runs the loop; a command taken while another replica leads
+        # goes to it through the relay (None: this process is the only one).
+        self.relay: Relay | None = None
         self._poke = asyncio.Event()
         self._lock = asyncio.Lock()
         # environment -> (when listed, the names of its live nodes): pending and updated nodes are
@@ -53,6 +60,33 @@ class RolloutDriver:
         # on every look; running nodes are read on every look.
         self._rosters: dict[str, tuple[float, frozenset[str]]] = {}
         self._task: asyncio.Task[None] | None = None
+
+    def _load(self) -> None:
+        """Every rollout the store holds (a restart, or this replica taking the lead, resumes them)."""
+        self._rollouts = {}
+        for key in self._store.kv_keys(KEY_PREFIX):
+            self.reload(key.removeprefix(KEY_PREFIX))
+
+    def reload(self, environment: str) -> None:
+        """Read ``environment``'s rollout from the store again (another replica changed it)."""
+        raw = self._store.kv_get(KEY_PREFIX + environment)
+        if raw:
+            self._rollouts[environment] = Rollout.loads(raw)
+        else:
+            self._rollouts.pop(environment, None)
+
+    def on_store_change(self, change: StoreChange) -> None:
+        """A store listener: a rollout another replica wrote (the leader's turns, a forget)."""
+        if change.kind == "kv" and change.key.startswith(KEY_PREFIX):
+            self.reload(change.key.removeprefix(KEY_PREFIX))
+
+    @property
+    def running(self) -> bool:
+        """This replica drives the rollouts (it leads)."""
+        return self._task is not None
+
+    def _relayed(self) -> Relay | None:
+        return self.relay if self.relay is not None and self._task is None else None
 
     # -- what the rest of the controller asks -------------------------------------------------
 
@@ -80,6 +114,11 @@ class RolloutDriver:
     ) -> Rollout:
         """Roll out ``env`` (just stored as a new generation, replacing ``from_generation``) to the
         nodes on older ones, under ``policy`` (default: the document's own)."""
+        relay = self._relayed()
+        if relay is not None:
+            return await relay.ask(
+                "start", env.name, generation=env.generation, from_generation=from_generation, policy=policy
+            )
         async with self._lock:
             if policy is None:
                 policy = self._planner.spec(env).spec.rollout
@@ -156,6 +195,17 @@ class RolloutDriver:
     async def _steer(
         self, environment: str, to: RolloutStatus, reason: str, allowed: tuple[RolloutStatus, ...]
     ) -> Rollout:
+        relay = self._relayed()
+        if relay is not None:
+            return await relay.ask(
+                "steer", environment, to=to.value, reason=reason, allowed=[a.value for a in allowed]
+            )
+        return await self.steer(environment, to, reason, allowed)
+
+    async def steer(
+        self, environment: str, to: RolloutStatus, reason: str, allowed: tuple[RolloutStatus, ...]
+    ) -> Rollout:
+        """Move the rollout to ``to`` if it is in one of ``allowed`` (on the replica that leads)."""
         async with self._lock:
             r = self.existing(environment)
             if r.status not in allowed:
@@ -196,6 +246,13 @@ class RolloutDriver:
         if self._task is None:
             self._task = asyncio.create_task(self._loop(), name="rollouts")
 
+    async def lead(self) -> None:
+        """This replica took the lead: resume every rollout from the store and drive them."""
+        async with self._lock:
+            self._load()
+            self._rosters.clear()
+            self.run()
+
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
@@ -217,6 +274,9 @@ class RolloutDriver:
     async def tick(self) -> None:
         async with self._lock:
             for r in [r for r in self._rollouts.values() if r.active]:
+                if self._store.get_environment(r.environment) is None:
+                    self._rollouts.pop(r.environment, None)  # deleted through another replica
+                    continue
                 await self._step(r)
 
     async def _step(self, r: Rollout, deliver: Iterable[str] = ()) -> Rollout:

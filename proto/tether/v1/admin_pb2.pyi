@@ -2217,6 +2217,8 @@ Global___ListAgentBundlesResponse: _TypeAlias = ListAgentBundlesResponse  # noqa
 
 @_typing.final
 class ListControllersRequest(_message.Message):
+    """Asks for every controller replica registered in the store."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     def __init__(

@@ -80,6 +80,17 @@ class _SlowStore:
 
     def __init__(self) -> None:
         self.envs: dict[str, EnvironmentRecord] = {}
+        self.kv: dict[str, bytes] = {}
+
+    def kv_get(self, key: str) -> bytes | None:
+        return self.kv.get(key)
+
+    async def kv_put(self, key: str, value: bytes) -> None:
+        self.kv[key] = value
+
+    async def kv_put_if_absent(self, key: str, value: bytes) -> bytes:
+        await asyncio.sleep(0)  # the store's round trip: other applies run meanwhile
+        return self.kv.setdefault(key, value)
 
     def get_environment(self, name: str) -> EnvironmentRecord | None:
         return self.envs.get(name)
@@ -97,6 +108,58 @@ class _SlowStore:
         await asyncio.sleep(0.05)
         self.envs[name] = EnvironmentRecord(name, document, "v1alpha1", {}, 1, 0, 0)
         return self.envs[name], True
+
+
+def _service(store: _SlowStore) -> AdminService:
+    admin = Principal(Kind.ADMIN, "root", "admin")
+
+    async def noop(*args: Any, **kw: Any) -> None:
+        return None
+
+    app = SimpleNamespace(
+        config=SimpleNamespace(max_document_bytes=1 << 20),
+        auth=SimpleNamespace(principal=lambda context: admin),
+        store=store,
+        planner=SimpleNamespace(remember=lambda record, loaded: None),
+        rollouts=SimpleNamespace(start=noop),
+        redactor=Redactor(),
+    )
+    return AdminService(app, agents=None)  # type: ignore[arg-type]
+
+
+async def _apply(service: AdminService, name: str) -> str:
+    request = wire.admin.ApplyEnvironmentRequest(document=DOCUMENT.replace("a-b", name))
+    try:
+        await service.ApplyEnvironment(request, _Context())
+    except _Aborted:
+        return "refused"
+    return "applied"
+
+
+def test_clashing_new_names_applied_through_two_replicas_cannot_both_succeed() -> None:
+    """Issue 13: replicas sharing a store each have their own lock; the DNS name is claimed in
+    the store, so of two replicas creating ``a-b`` and ``a_b`` at once, one wins."""
+    store = _SlowStore()
+    one, other = _service(store), _service(store)
+
+    async def both() -> list[str]:
+        return list(await asyncio.gather(_apply(one, "a-b"), _apply(other, "a_b")))
+
+    assert sorted(asyncio.run(both())) == ["applied", "refused"]
+    assert len(store.envs) == 1
+
+
+def test_a_failed_write_frees_the_claimed_name() -> None:
+    store = _SlowStore()
+    service = _service(store)
+
+    async def failing(*args: Any, **kw: Any) -> Any:
+        raise RuntimeError("the database went away")
+
+    store.put_environment = failing  # type: ignore[method-assign]
+    assert asyncio.run(_apply(service, "a-b")) == "refused"  # INTERNAL
+    del store.put_environment
+    assert asyncio.run(_apply(_service(store), "a_b")) == "applied"
 
 
 def test_two_concurrent_applies_of_clashing_new_names_cannot_both_succeed() -> None:
