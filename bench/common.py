@@ -95,6 +95,32 @@ class Proc:
         fields = stat.rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
+    def cpu_ns(self) -> int | None:
+        """Nanoseconds on a CPU of every live thread (``/proc/PID/task/*/schedstat``), exact where
+        ``cpu_seconds`` counts 10 ms ticks; None where the kernel keeps no schedstat. A thread that
+        ends is not counted any more (compare with ``cpu_seconds`` over a window)."""
+        by_thread = self.cpu_ns_by_thread()
+        return None if by_thread is None else sum(by_thread.values())
+
+    def cpu_ns_by_thread(self) -> dict[str, int] | None:
+        """``cpu_ns`` by thread name (``comm``; threads of one name summed)."""
+        out: dict[str, int] = {}
+        try:
+            tasks = os.listdir(f"/proc/{self.pid}/task")
+        except OSError:
+            return None
+        for tid in tasks:
+            task = f"/proc/{self.pid}/task/{tid}"
+            try:
+                ns = int(Path(f"{task}/schedstat").read_text().split()[0])
+                name = Path(f"{task}/comm").read_text().strip()
+            except FileNotFoundError:
+                continue  # the thread ended meanwhile
+            except (OSError, ValueError, IndexError):
+                return None
+            out[name] = out.get(name, 0) + ns
+        return out
+
     def status_kib(self, key: str) -> int:
         for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
             if line.startswith(key + ":"):

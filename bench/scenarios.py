@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import statistics
 import subprocess
-import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -20,10 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import grpc
-
-from bench import messages
-from bench.common import BIN, CLIENT_CPUS, SERVER_CPUS, Figure, Proc, log, pinned
+from bench import agent, messages
+from bench.common import BIN, SERVER_CPUS, Figure, Proc, log
 from bench.servers import MAX_AGENTS_PER_SIM, Bare, Controller, Server, Sims
 from tether.controller.limits import QUOTA_PAUSE_SECONDS
 
@@ -32,7 +29,6 @@ ENROLL_CONCURRENCY = 16  # enrollments in flight per client process
 CONNECT_CONCURRENCY = 64  # TLS handshakes in flight per client process while a fleet first comes up
 EVENT_LINES = 100  # lines per output event (the agent's runner sends up to 500 every 0.25 s)
 EVENT_WINDOW = 4  # output events an agent has sent and not yet seen acknowledged
-OVERHEAD_STEPS = 50
 STORM_TIMEOUT = 150.0  # seconds for every agent to re-attach before the storm counts as failed
 
 Emit = Callable[[Figure], object]
@@ -48,7 +44,10 @@ class Sizes:
     events_window: float
     storm_agents: int
     storm_event_interval: float
-    overhead_runs: int
+    overhead_runs: int  # plan runs of the real agent (each followed by a bash pass)
+    overhead_pairs: int  # interleaved agent/bash passes of the agent's step path (wall clock)
+    callgrind_pairs: int  # 10-step and 50-step plans counted by callgrind, each this many times
+    idle_window: float  # seconds two idle agents are watched (CPU, RSS)
     flood_agents: int  # flood: agents that only heartbeat while one other floods output
     flood_window: float  # seconds each flood window (unloaded, then flooded) is measured
 
@@ -63,6 +62,9 @@ FULL = Sizes(
     storm_agents=5000,
     storm_event_interval=5.0,
     overhead_runs=5,
+    overhead_pairs=40,
+    callgrind_pairs=3,
+    idle_window=60.0,
     flood_agents=2000,
     flood_window=30.0,
 )
@@ -76,6 +78,9 @@ QUICK = Sizes(
     storm_agents=1000,
     storm_event_interval=5.0,
     overhead_runs=3,
+    overhead_pairs=12,
+    callgrind_pairs=1,
+    idle_window=30.0,
     flood_agents=2000,
     flood_window=10.0,
 )
@@ -466,23 +471,22 @@ def run_controller(work: Path, sizes: Sizes, base: BareResult, quick: bool, emit
         emit_fleet(ctl, sizes, base.fleet, fleet, quick, emit)
 
         try:
-            for fig in agent_overhead(work, ctl, sizes):
+            for fig in agent.agent_figures(work, ctl, sizes):
                 emit(fig)
         except Exception as exc:
-            err = _failure(exc)
-            for name, unit in (("agent.overhead_ms_per_step", "ms/step"), ("agent.overhead_pct", "%")):
-                emit(Figure(name, None, unit, None, "", False, detail={"error": err}))
+            for fig in agent.failed(_failure(exc)):
+                emit(fig)
     finally:
         ctl.stop()
 
 
 def run_agent_only(work: Path, sizes: Sizes, emit: Emit) -> None:
-    """Only the agent-overhead scenario (``--only agent``): a controller and one real agent."""
+    """Only the agent's figures (``--only agent``): a controller, the agent's overhead and footprint."""
     ctl = Controller(work, sizes.heartbeat)
     try:
         ctl.start()
         log(f"controller listening on {ctl.address} (pinned to CPU {sorted(SERVER_CPUS)})")
-        for fig in agent_overhead(work, ctl, sizes):
+        for fig in agent.agent_figures(work, ctl, sizes):
             emit(fig)
     finally:
         ctl.stop()
@@ -829,223 +833,6 @@ def flood_figure(sizes: Sizes, r: FloodResult) -> Figure:
             "what": "heartbeat, then a one-event batch on the same stream; round trip = until its ack",
         },
     )
-
-
-# -- agent overhead -------------------------------------------------------------------------------
-
-
-def overhead_steps() -> tuple[tuple[str, str], ...]:
-    return tuple((f"s{i:02d}", f'echo "step {i}"\n') for i in range(OVERHEAD_STEPS))
-
-
-def agent_overhead(work: Path, ctl: Controller, sizes: Sizes) -> list[Figure]:
-    """A real agent runs a 50-step plan (and reruns it); the same scripts then run under bash."""
-    env = "overhead"
-    steps = overhead_steps()
-    ctl.apply(messages.environment_yaml(env, steps))
-    token = ctl.token(env, uses=1)
-    state = work / "agent-state"
-    node = "overhead-node"
-    t_start = time.monotonic()
-
-    def start_agent(*enroll: str) -> Proc:
-        return Proc(
-            [
-                str(BIN / "tether-agent"),
-                "run",
-                "--controller",
-                ctl.address,
-                "--state-dir",
-                str(state),
-                "--node-name",
-                node,
-                *enroll,
-                "--reboot-command",
-                "true",
-            ],
-            cpus=CLIENT_CPUS,
-            log_path=work / "agent.log",
-            stdout=False,
-        )
-
-    def memory(proc: Proc) -> dict[str, float]:
-        return {
-            "rss_mib": proc.rss_mib(),
-            "peak_rss_mib": proc.status_kib("VmHWM") / 1024,
-            "anon_mib": proc.status_kib("RssAnon") / 1024,
-            "file_backed_mib": proc.status_kib("RssFile") / 1024,
-            "threads": proc.status_kib("Threads"),
-        }
-
-    spans: list[float] = []
-    first_done = 0.0
-    from tether.v1 import admin_pb2
-
-    # The first process enrolls (and execs itself again, leaving the crypto library behind),
-    # then runs the plan; the second is the agent as a node runs it after a restart or reboot.
-    agent = start_agent("--token", token, "--ca-hash", ctl.ca_hash())
-    try:
-        after = 0
-        for run in range(sizes.overhead_runs):
-            if run:
-                ctl.admin().RerunSteps(admin_pb2.RerunStepsRequest(node=node), timeout=30)
-            span, after = wait_plan_run(ctl, node, after, steps)
-            if not run:
-                first_done = time.monotonic() - t_start
-            spans.append(span)
-        time.sleep(1)
-        first_memory = memory(agent)
-    finally:
-        agent.stop()
-    agent = start_agent()
-    try:
-        deadline = time.monotonic() + 60
-        while True:  # until the restarted agent is connected again
-            try:
-                ctl.admin().RerunSteps(admin_pb2.RerunStepsRequest(node=node), timeout=30)
-                break
-            except grpc.RpcError as exc:
-                if exc.code() != grpc.StatusCode.FAILED_PRECONDITION or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
-        span, after = wait_plan_run(ctl, node, after, steps)
-        spans.append(span)
-        time.sleep(1)
-        restarted_memory = memory(agent)
-        scripts = scripts_in_order(ctl, node, state)
-    finally:
-        agent.stop()
-    rss = restarted_memory["rss_mib"]
-    bash_runs = []
-    for _ in range(max(5, sizes.overhead_runs)):
-        t0 = time.perf_counter()
-        subprocess.run(
-            pinned(
-                ["bash", "-c", 'for f in "$@"; do bash "$f"; done', "bash", *map(str, scripts)], CLIENT_CPUS
-            ),
-            check=True,
-            stdout=subprocess.PIPE,
-        )
-        bash_runs.append(time.perf_counter() - t0)
-    floor = subprocess.run(
-        pinned(
-            [sys.executable, str(Path(__file__).with_name("spawn_floor.py")), "5", *map(str, scripts)],
-            CLIENT_CPUS,
-        ),
-        check=True,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    floor_s = float(floor.stdout.strip())
-    agent_s = statistics.median(spans)
-    bash_s = statistics.median(bash_runs)
-    per_step_ms = (agent_s - bash_s) * 1000 / OVERHEAD_STEPS
-    pct = 100 * (agent_s - bash_s) / bash_s
-    log(
-        f"  agent: plan {agent_s * 1000:.0f} ms (runs {[round(s * 1000) for s in spans]}) vs bash "
-        f"{bash_s * 1000:.0f} ms: {per_step_ms:.2f} ms/step, {pct:.0f}% "
-        f"(asyncio floor {floor_s * 1000:.0f} ms); RSS {rss:.1f} MiB "
-        f"(the process that enrolled: {first_memory['rss_mib']:.1f} MiB)"
-    )
-    detail = {
-        "agent_plan_ms": agent_s * 1000,
-        "bash_plan_ms": bash_s * 1000,
-        "steps": OVERHEAD_STEPS,
-        "agent_runs": len(spans),
-        "bash_runs": len(bash_runs),
-        "step_script": 'the rendered step around: echo "step N"',
-        "agent_start_to_first_plan_done_s": first_done,
-        "asyncio_floor_ms": floor_s * 1000,
-        "asyncio_floor_pct": 100 * (floor_s - bash_s) / bash_s,
-        "agent_over_floor_ms_per_step": (agent_s - floor_s) * 1000 / OVERHEAD_STEPS,
-        "floor": "bench/spawn_floor.py: asyncio spawns each script, reads its output, waits; nothing else",
-    }
-    return [
-        Figure(
-            "agent.overhead_ms_per_step",
-            per_step_ms,
-            "ms/step",
-            bash_s * 1000 / OVERHEAD_STEPS,
-            "<= 10",
-            per_step_ms <= 10,
-            detail=detail,
-        ),
-        Figure(
-            "agent.overhead_pct",
-            pct,
-            "%",
-            bash_s * 1000,
-            "<= 5",
-            pct <= 5,
-            ratio=agent_s / bash_s,
-            detail=detail,
-        ),
-        Figure(
-            "agent.rss_mib",
-            rss,
-            "MiB",
-            bare_python_rss(),
-            "<= 60",
-            rss <= 60,
-            detail={
-                **restarted_memory,
-                "first_start": first_memory,
-                "what": "an enrolled agent after a restart, having run the plan; first_start: the "
-                "process that enrolled (same PID: it execs itself again once enrolled)",
-                "baseline": "python3 that imported grpc, idle",
-            },
-        ),
-    ]
-
-
-def wait_plan_run(
-    ctl: Controller, node: str, after: int, steps: tuple[tuple[str, str], ...], timeout: float = 120
-) -> tuple[float, int]:
-    """Wait for one full run of the plan (events after ``after``); its span on the agent's clock."""
-    first_step, last_step = f"custom-{steps[0][0]}", f"custom-{steps[-1][0]}"
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with ctl.db() as db:
-            rows = db.execute(
-                "SELECT seq, time_ms, kind, step FROM events WHERE node=? AND seq>? ORDER BY seq",
-                (node, after),
-            ).fetchall()
-        started = [r for r in rows if r[3] == first_step and r[2] == 1]  # EventKind.STARTED
-        done = [r for r in rows if r[3] == last_step and r[2] in (3, 4)]  # SUCCEEDED, FAILED
-        if started and done and done[-1][0] > started[0][0]:
-            failed = [r for r in rows if r[2] == 4]
-            if failed:
-                raise RuntimeError(f"agent overhead plan failed: {failed[:3]}")
-            return (done[-1][1] - started[0][1]) / 1000, done[-1][0]
-        time.sleep(0.1)
-    raise TimeoutError(f"the agent did not finish its plan (see {ctl.work / 'agent.log'})")
-
-
-def scripts_in_order(ctl: Controller, node: str, state: Path) -> list[Path]:
-    with ctl.db() as db:
-        rows = db.execute(
-            "SELECT digest FROM node_steps WHERE node=? AND name LIKE 'custom-%' ORDER BY ordinal", (node,)
-        ).fetchall()
-    paths = [state / "scripts" / f"{digest}.sh" for (digest,) in rows]
-    missing = [p for p in paths if not p.exists()]
-    if missing or len(paths) != OVERHEAD_STEPS:
-        raise RuntimeError(f"agent scripts not found: {missing[:3]} ({len(paths)} steps)")
-    return paths
-
-
-def bare_python_rss() -> float:
-    out = subprocess.run(
-        [
-            str(BIN / "python"),
-            "-c",
-            "import grpc, re\n"
-            "print(re.search(r'VmRSS:\\s+(\\d+)', open('/proc/self/status').read()).group(1))",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return int(out.stdout.strip()) / 1024
 
 
 __all__ = ["FULL", "MAX_AGENTS_PER_SIM", "QUICK", "Sizes", "run_bare", "run_controller", "run_flood"]

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from tether.nodeagent import logs
 from tether.nodeagent.journal import Journal, JournalState
-from tether.nodeagent.model import AgentTarget, Event, EventKind, Plan, Step, decoder
+from tether.nodeagent.model import AgentTarget, Event, EventKind, Plan, Step, decoder, now_ms
 from tether.nodeagent.outbox import Outbox
 from tether.nodeagent.runner import Runner, StepResult, kill_leftovers
 from tether.nodeagent.statedb import StateDB
@@ -302,6 +302,7 @@ class Executor:
                     attempt=_attempt,
                     lines=tuple(lines),
                     plan_generation=plan.generation,
+                    time_ms=now_ms(),  # stamped here, the outbox need not copy it to stamp it
                 )
 
             async def sink(lines: list[str]) -> None:
@@ -412,6 +413,7 @@ class Executor:
                     attempt=attempt,
                     exit_code=exit_code,
                     plan_generation=plan.generation,
+                    time_ms=now_ms(),
                     **event,
                 ),
             )

@@ -43,7 +43,9 @@ class Outbox:
         transaction, if any)."""
         if not events:
             return []
-        fitted = [part for e in events for part in bounds.fit(replace(e, time_ms=e.time_ms or now_ms()))]
+        fitted = [
+            part for e in events for part in bounds.fit(e if e.time_ms else replace(e, time_ms=now_ms()))
+        ]
         with self._db.transaction() as c:
             seq = self.next_seq
             stamped = []
@@ -99,6 +101,12 @@ class Outbox:
         """
         with self._db.transaction(durable=False) as c:
             dropped = c.execute("DELETE FROM outbox WHERE seq<=?", (seq,)).rowcount
-            if seq > self.acked_seq:
-                c.execute("INSERT OR REPLACE INTO meta VALUES ('acked_seq', ?)", (str(seq),))
+            c.execute(_RAISE_ACKED, (str(seq),))
         return dropped
+
+
+# acked_seq := seq, unless it is already higher (one statement: no read of it first).
+_RAISE_ACKED = (
+    "INSERT INTO meta VALUES ('acked_seq', ?) ON CONFLICT(key) DO UPDATE SET value=excluded.value"
+    " WHERE CAST(excluded.value AS INTEGER) > CAST(meta.value AS INTEGER)"
+)

@@ -78,15 +78,25 @@ def runtime_dir() -> Path:
     return Path(tempfile.gettempdir())
 
 
-def _read_kv(path: Path) -> dict[str, str]:
+def _read_kv(path: Path, present: frozenset[str] | None = None) -> dict[str, str]:
+    """``key=value`` lines of ``path``; ``present``: the names in its directory, if known."""
     out: dict[str, str] = {}
-    if not path.exists():
+    if (present is not None and path.name not in present) or not path.exists():
         return out
     for raw in path.read_text(errors="replace").splitlines():
         m = _KV_RE.fullmatch(raw.strip())
         if m:
             out[m.group(1)] = m.group(2)
     return out
+
+
+def _listing(directory: Path) -> frozenset[str]:
+    """The names in ``directory`` (none if it is gone): one system call where a ``stat`` per file
+    that is usually absent costs an exception each."""
+    try:
+        return frozenset(os.listdir(directory))
+    except OSError:
+        return frozenset()
 
 
 def _kv_bytes(values: Mapping[str, str]) -> int:
@@ -267,8 +277,11 @@ class Runner:
                 timed_out = True
                 await self._terminate(proc)
             # Output may still be in the pipe; background children may hold it open forever.
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(asyncio.shield(reader), 2.0)
+            if reader.done():  # usually: the pipe closed with the step (no timer needed)
+                reader.result()  # what it raised, as waiting for it would
+            else:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(reader), 2.0)
         except BaseException:
             cancelled = True
             await self._terminate(proc)
@@ -284,11 +297,12 @@ class Runner:
     def _result(
         self, step: Step, proc: asyncio.subprocess.Process, work: Path, timed_out: bool, duration: float
     ) -> StepResult:
-        observed = _read_kv(work / "provenance")
-        secrets = _read_kv(work / "secrets")
+        present = _listing(work)
+        observed = _read_kv(work / "provenance", present)
+        secrets = _read_kv(work / "secrets", present)
         if secrets:
             self.redactor.add(*secrets.values())
-        outputs = _read_kv(work / "outputs")
+        outputs = _read_kv(work / "outputs", present)
         code = TIMEOUT_EXIT_CODE if timed_out else (proc.returncode if proc.returncode is not None else -1)
         error = f"timed out after {step.timeout_seconds}s" if timed_out else ""
         size = _kv_bytes(secrets) + _kv_bytes(outputs)
@@ -304,13 +318,14 @@ class Runner:
             secrets=secrets,
             outputs=outputs,
             error=error,
-            reboot_needed=not (work / "no-reboot").exists(),
+            reboot_needed=not ("no-reboot" in present and (work / "no-reboot").exists()),
         )
 
     def _cwd(self, fallback: Path) -> Path:
         if self.cwd is None:
             return fallback
-        self.cwd.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if not os.path.isdir(self.cwd):  # made once (mkdir on every run costs an exception)
+            self.cwd.mkdir(parents=True, exist_ok=True, mode=0o700)
         return self.cwd
 
     async def _terminate(self, proc: asyncio.subprocess.Process) -> None:
