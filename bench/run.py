@@ -1,6 +1,6 @@
 """tether benchmarks: one JSON object per line on stdout, progress on stderr.
 
-    python bench/run.py [--quick] [--keep] [--only agent|flood] [--flood-agents N]
+    python bench/run.py [--quick] [--keep] [--only agent|flood|store|replicas] [--flood-agents N]
 
 Every figure comes with a bare baseline measured in the same invocation: a minimal grpc.aio
 server (bench/bare.py) with the controller's TLS set-up, options and message sizes. The
@@ -22,6 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "proto"))  # the tether package
 
+from bench import replicas
 from bench.common import CLIENT_CPUS, SERVER_CPUS, Proc, emit, log
 from bench.scenarios import FULL, QUICK, run_agent_only, run_bare, run_controller, run_flood
 
@@ -32,9 +33,11 @@ def main() -> int:
     p.add_argument("--keep", action="store_true", help="keep the work directory (logs, store) for inspection")
     p.add_argument(
         "--only",
-        choices=["agent", "flood"],
-        help="run one scenario alone: agent = the agent-overhead figures (no fleet, no baseline server);"
-        " flood = heartbeat round trips while one agent floods output",
+        choices=["agent", "flood", "store", "replicas"],
+        help="run one scenario alone: agent = the agent's figures, overhead per step and idle footprint"
+        " (no fleet, no baseline server; valgrind counts instructions where installed);"
+        " flood = heartbeat round trips while one agent floods output; store = SQLite vs PostgreSQL;"
+        " replicas = two controller replicas on PostgreSQL (scale-out, kill -9 failover)",
     )
     p.add_argument("--flood-agents", type=int, help="heartbeating agents in --only flood (default 2000)")
     args = p.parse_args()
@@ -61,6 +64,10 @@ def main() -> int:
         run_agent_only(work, sizes, emit)
     elif args.only == "flood":
         run_flood(work, sizes, emit)
+    elif args.only == "store":
+        replicas.run_store(work, sizes, args.quick, emit)
+    elif args.only == "replicas":
+        replicas.run_replicas(work, sizes, args.quick, emit)
     else:
         bare = run_bare(work, sizes)
         run_controller(work, sizes, bare, args.quick, emit)

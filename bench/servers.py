@@ -205,12 +205,12 @@ class Sims:
 
     def stats(self, since: float = 0.0) -> dict[str, Any]:
         replies = self.call({"cmd": "stats", "since": since}, timeout=120)
-        total: dict[str, Any] = {"errors": {}}
+        total: dict[str, Any] = {"errors": {}, "by_target": {}}
         for r in replies:
             for k, v in r.items():
-                if k == "errors":
+                if k in ("errors", "by_target"):  # counts by name: summed per name
                     for ek, ev in v.items():
-                        total["errors"][ek] = total["errors"].get(ek, 0) + ev
+                        total[k][ek] = total[k].get(ek, 0) + ev
                 elif k in ("last_welcome", "now"):
                     total[k] = max(total.get(k, 0.0), v)
                 else:

@@ -53,6 +53,7 @@ DESER = pb.ControllerMessage.FromString
 
 class Config:
     target = ""
+    targets: list[str] = []  # several replicas: each agent starts on one, moves to the next on failure
     ca_pem = b""
     bare = False
     provision = False
@@ -94,6 +95,7 @@ class Agent:
         self.attempts = 0
         self.last_ack = 0.0
         self.probes: dict[int, float] = {}  # seq of a probe event -> when its heartbeat was due
+        self.target_index = 0  # which of Config.targets it streams to (moves on after a failure)
 
     # -- outbox ---------------------------------------------------------------------------------
 
@@ -131,8 +133,10 @@ class Agent:
                 raise
             except grpc.aio.AioRpcError as exc:
                 self.sim.error(exc.code().name)
+                self.target_index += 1  # as the real agent: the next replica on a failure
             except Exception as exc:
                 self.sim.error(type(exc).__name__)
+                self.target_index += 1
             finally:
                 self.streaming = False
                 if self.hb_timer is not None:
@@ -156,7 +160,7 @@ class Agent:
         self.phase = "channel"
         released = gate is None
         try:
-            async with grpc.aio.secure_channel(Config.target, creds, options=OPTIONS) as channel:
+            async with grpc.aio.secure_channel(self.target(), creds, options=OPTIONS) as channel:
                 call = channel.stream_stream(path, request_serializer=SER, response_deserializer=DESER)()
                 self.phase = "hello"
                 await call.write(
@@ -223,6 +227,10 @@ class Agent:
         finally:
             if not released and gate is not None:
                 gate.release()
+
+    def target(self) -> str:
+        targets = Config.targets
+        return targets[self.target_index % len(targets)] if targets else Config.target
 
     async def writer(self, call: Any) -> None:
         sim = self.sim
@@ -486,6 +494,9 @@ class Sim:
 
     async def cmd_connect(self, cmd: dict[str, Any]) -> dict[str, Any]:
         Config.target = cmd["target"]
+        Config.targets = [t for t in cmd["target"].split(",") if t]
+        for i, a in enumerate(self.agents):
+            a.target_index = i + int(cmd.get("offset", 0))  # spread over the replicas
         Config.ca_pem = Path(cmd["ca"]).read_bytes()
         Config.bare = bool(cmd.get("bare"))
         Config.provision = bool(cmd.get("provision"))
@@ -536,6 +547,7 @@ class Sim:
             "lines_acked": self.lines_acked,
             "event_msgs": self.event_msgs,
             "closed_streams": self.closed_streams,
+            "by_target": dict(collections.Counter(a.target() for a in agents if a.streaming)),
             "errors": dict(self.errors),
             "now": time.monotonic(),
         }
