@@ -2,25 +2,34 @@
 
 The counters and histograms below are module-level and cost a lock and an add where they are
 updated (enrollment, event batches, finished steps, unary RPCs, store commits). Fleet gauges
-(agents connected, nodes by environment and state, rollouts) are computed when scraped, in the
-listener's thread: the nodes from a read-only SQLite connection of their own (one aggregate query,
-at most once every ``METRICS_SCAN_MIN_SECONDS``), the in-memory parts from a snapshot that the
-event loop hands over in one short turn. Nothing here runs long on the loop, and no label names a
-node. ``/healthz`` says the event loop answers; ``/readyz`` that the controller serves gRPC, its
-port accepts connections and its store can be read.
+(agents connected, nodes by environment and state, rollouts, this replica's lead) are computed
+when scraped, in the listener's thread, at most once every ``METRICS_SCAN_MIN_SECONDS``:
+
+- SQLite: the nodes from a read-only connection of their own (one aggregate query), the
+  in-memory parts from a snapshot that the event loop hands over in one short turn;
+- PostgreSQL (no file to read; the store answers from its in-memory view): the loop hands over
+  its node records, then, ``VIEW_SLICE_NODES`` at a time (one short turn each), whether each is
+  connected (here or on another replica, as ``Hub.connected`` says) and the steps of those whose
+  steps decide their state; the listener's thread counts them (``nodestate.node_state``).
+
+Nothing here runs long on the loop, and no label names a node. ``/healthz`` says the event loop
+answers; ``/readyz`` that the controller serves gRPC, its port accepts connections and its store
+answers (SQLite: the file can be read; PostgreSQL: a query through the store, bounded), and with
+PostgreSQL which replica leads (a line for operators, never a failure).
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import socket
 import socketserver
 import sqlite3
 import threading
 import time
 from collections import Counter as Tally
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
@@ -56,8 +65,9 @@ from tether.controller.limits import (
     METRICS_SCAN_MIN_SECONDS,
 )
 from tether.controller.listen import WILDCARDS, ListenError, parse
-from tether.controller.nodestate import NodeState
+from tether.controller.nodestate import NodeState, node_state
 from tether.controller.rollout.state import NodeStage, RolloutStatus
+from tether.controller.store.records import NodeRecord, StepRecord
 from tether.nodeagent import logs
 from tether.nodeagent.model import Event, EventKind
 
@@ -72,6 +82,13 @@ class OnLoop(Protocol):
     """Runs a function on the controller's event loop; None when the loop does not answer in time."""
 
     def __call__(self, fn: Callable[[], T]) -> T | None: ...
+
+
+class AwaitOnLoop(Protocol):
+    """Awaits ``fn()`` on the controller's event loop for at most ``timeout`` seconds; None when it
+    does not finish in time (or the loop is gone). What ``fn`` raises, it raises."""
+
+    def __call__(self, fn: Callable[[], Awaitable[T]], timeout: float) -> T | None: ...
 
 
 # No ``*_created`` series next to every counter and histogram.
@@ -158,6 +175,7 @@ FROM nodes n LEFT JOIN (
 """
 
 # (environment, condition type, nodes): the GPU conditions that hold (tether.controller.hardware.drift).
+# The view-based count (``view_condition_counts``) counts the same.
 CONDITION_SCAN_SQL = """
 SELECT n.environment, c.key, COUNT(*)
 FROM nodes n, json_each(n.hardware, '$.conditions') c
@@ -243,6 +261,58 @@ def node_state_counts(rows: Iterable[tuple[Any, ...]], connected: frozenset[str]
     return counts
 
 
+# -- counting from the store's in-memory view (PostgreSQL) -----------------------------------------
+
+VIEW_SLICE_NODES = 1000  # nodes looked at in one turn of the event loop (about 1-3 ms for 1000)
+
+# A node as the loop saw it: its record, whether its stream is open (here or on another replica),
+# and its steps where they decide its state (else empty).
+Seen = tuple[NodeRecord, bool, Sequence[StepRecord]]
+
+
+def _quarantined(node: NodeRecord) -> bool:
+    return bool(node.hardware.get("quarantine"))
+
+
+class StepReader(Protocol):
+    def node_steps(self, name: str) -> list[StepRecord]: ...
+
+
+def seen_on_loop(
+    store: StepReader, connected: Callable[[str], bool], records: Sequence[NodeRecord]
+) -> list[Seen]:
+    """What the loop hands over for ``records`` (run on the loop: ``connected`` is ``Hub.connected``
+    and the steps are read from the store's view). Steps are read only where ``node_state`` looks
+    at them: connected, planned, neither revoked nor quarantined."""
+    out: list[Seen] = []
+    for node in records:
+        if node.revoked or _quarantined(node):
+            out.append((node, False, ()))  # its state says so whatever its stream
+            continue
+        up = connected(node.name)
+        out.append((node, up, store.node_steps(node.name) if up and node.plan_digest else ()))
+    return out
+
+
+def view_state_counts(seen: Iterable[Seen]) -> Tally[tuple[str, str]]:
+    """(environment, state) -> nodes, as ``nodestate.node_state`` decides (any thread)."""
+    counts: Tally[tuple[str, str]] = Tally()
+    for node, up, steps in seen:
+        counts[(node.environment, node_state(node, steps, up).value)] += 1
+    return counts
+
+
+def view_condition_counts(records: Iterable[NodeRecord]) -> Tally[tuple[str, str]]:
+    """(environment, GPU condition type) -> nodes not revoked on which it holds (any thread)."""
+    counts: Tally[tuple[str, str]] = Tally()
+    for node in records:
+        held = node.hardware.get("conditions") if not node.revoked else None
+        if isinstance(held, dict):
+            for kind in held:
+                counts[(node.environment, str(kind))] += 1
+    return counts
+
+
 @dataclass(frozen=True)
 class RolloutView:
     environment: str
@@ -255,13 +325,17 @@ class RolloutView:
 class LoopView:
     """What the event loop owns, copied in one turn of it."""
 
-    connected: frozenset[str]
+    connected: frozenset[str]  # the nodes streaming to this replica
     rollouts: tuple[RolloutView, ...]
     environments: tuple[str, ...] = ()
+    leader: bool | None = None  # this replica holds the singleton lease (None: not known yet)
+    replicas_live: int | None = None  # live replicas in the registry (this one included)
+    records: tuple[NodeRecord, ...] = ()  # every node (only when counted from the view)
 
 
-def loop_view(app: App) -> LoopView:
-    """The connected nodes, the environments and their latest rollouts (run on the loop)."""
+def loop_view(app: App, records: bool = False) -> LoopView:
+    """The connected nodes, the environments and their latest rollouts, this replica's lead and the
+    live replicas; ``records``: every node's record too (run on the loop)."""
     rollouts = []
     environments = app.store.list_environments()
     for env in environments:
@@ -270,7 +344,33 @@ def loop_view(app: App) -> LoopView:
             stages = Tally(p.stage for p in r.nodes.values())
             rollouts.append(RolloutView(env.name, r.status, r.generation, dict(stages)))
     connected = frozenset(s.node for s in app.hub.sessions())
-    return LoopView(connected, tuple(rollouts), tuple(e.name for e in environments))
+    leader, live = None, None
+    replicas = getattr(app, "replicas", None)
+    if replicas is not None:
+        leader = bool(replicas.leader.held)
+        registry = replicas.registry  # (SQLite: one process, and no read of the file on the loop)
+        live = sum(1 for r in registry.replicas() if registry.live(r)) if replicas.shared else 1
+    return LoopView(
+        connected,
+        tuple(rollouts),
+        tuple(e.name for e in environments),
+        leader,
+        live,
+        tuple(app.store.list_nodes()) if records else (),
+    )
+
+
+def leader_line(app: App) -> str:
+    """``/readyz``'s word on the singleton lease (run on the loop; informational, never a failure)."""
+    replicas = getattr(app, "replicas", None)
+    if replicas is None:
+        return "info leader: not known yet (starting)"
+    if replicas.leader.held:
+        return "info leader: this replica leads (rollouts and reset deadlines run here)"
+    others = [r for r in replicas.registry.replicas() if replicas.registry.leading(r)]
+    if others:
+        return f"info leader: not this replica; {others[0].address or others[0].id} leads"
+    return "info leader: not this replica; none leads now (the lease is moving or the store is away)"
 
 
 def read_only(db_path: Path) -> sqlite3.Connection:
@@ -284,12 +384,14 @@ def read_only(db_path: Path) -> sqlite3.Connection:
 
 @dataclass
 class FleetCollector(Collector):
-    """The scrape-time gauges; one computation serves every scrape for ``min_seconds``."""
+    """The scrape-time gauges; one computation serves every scrape for ``min_seconds``.
+    ``db_path`` None: the store is not SQLite, nodes are counted from its in-memory view."""
 
     app: App
     on_loop: OnLoop
-    db_path: Path
+    db_path: Path | None
     min_seconds: float = METRICS_SCAN_MIN_SECONDS
+    slice_nodes: int = VIEW_SLICE_NODES
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _conn: sqlite3.Connection | None = None
     _at: float = -1e9
@@ -312,23 +414,47 @@ class FleetCollector(Collector):
                 self._conn = None
 
     def _compute(self) -> list[Metric]:
-        view = self.on_loop(lambda: loop_view(self.app))
+        from_view = self.db_path is None
+        started = time.monotonic()
+        view = self.on_loop(lambda: loop_view(self.app, records=from_view))
         if view is None:
             log.warning("metrics: the event loop did not answer; fleet gauges left out of this scrape")
             return []
-        started = time.monotonic()
-        if self._conn is None:
-            self._conn = read_only(self.db_path)
-        counts = node_state_counts(self._conn.execute(NODE_SCAN_SQL), view.connected)
+        if self.db_path is None:
+            seen = self._seen(view.records)
+            if seen is None:
+                log.warning("metrics: the event loop did not answer; fleet gauges left out of this scrape")
+                return []
+            counts = view_state_counts(seen)
+            held = view_condition_counts(view.records)
+            condition_rows: Iterable[tuple[Any, ...]] = [(e, k, n) for (e, k), n in held.items()]
+        else:
+            started = time.monotonic()  # the SQLite count alone, as before
+            if self._conn is None:
+                self._conn = read_only(self.db_path)
+            counts = node_state_counts(self._conn.execute(NODE_SCAN_SQL), view.connected)
+            condition_rows = self._conn.execute(CONDITION_SCAN_SQL).fetchall()
         scan = GaugeMetricFamily(
             "tether_nodes_scan_duration_seconds", "Time the last count of nodes by state took."
         )
         scan.add_metric([], time.monotonic() - started)
-        agents = GaugeMetricFamily("tether_agents_connected", "Agents with an open stream.")
+        agents = GaugeMetricFamily("tether_agents_connected", "Agents with an open stream to this replica.")
         agents.add_metric([], len(view.connected))
         nodes = _nodes_family(counts, view.environments)
-        conditions = _conditions_family(self._conn.execute(CONDITION_SCAN_SQL), view.environments)
-        return [agents, nodes, conditions, *_rollout_families(view.rollouts), scan]
+        conditions = _conditions_family(condition_rows, view.environments)
+        return [agents, nodes, conditions, *_rollout_families(view.rollouts), *_replica_families(view), scan]
+
+    def _seen(self, records: Sequence[NodeRecord]) -> list[Seen] | None:
+        """Every node as the loop sees it, ``slice_nodes`` per turn of the loop; None when the
+        loop does not answer."""
+        app, out = self.app, []
+        for i in range(0, len(records), max(1, self.slice_nodes)):
+            part = records[i : i + self.slice_nodes]
+            seen = self.on_loop(functools.partial(seen_on_loop, app.store, app.hub.connected, part))
+            if seen is None:
+                return None
+            out.extend(seen)
+        return out
 
 
 def _nodes_family(counts: Tally[tuple[str, str]], environments: Iterable[str]) -> GaugeMetricFamily:
@@ -356,6 +482,22 @@ def _conditions_family(rows: Iterable[tuple[Any, ...]], environments: Iterable[s
         for kind in sorted(set(CONDITION_TYPES) | {k for e, k in counts if e == environment}):
             family.add_metric([environment, kind], counts.get((environment, kind), 0))
     return family
+
+
+def _replica_families(view: LoopView) -> list[GaugeMetricFamily]:
+    """This replica's lead and the live replicas (left out until the replicas are known)."""
+    if view.leader is None or view.replicas_live is None:
+        return []
+    leader = GaugeMetricFamily(
+        "tether_replica_leader",
+        "1 while this replica holds the singleton lease (runs rollouts and reset deadlines), else 0.",
+    )
+    leader.add_metric([], 1 if view.leader else 0)
+    live = GaugeMetricFamily(
+        "tether_replicas_live", "Controller replicas live in the replica registry (this one included)."
+    )
+    live.add_metric([], view.replicas_live)
+    return [leader, live]
 
 
 def _rollout_families(rollouts: Iterable[RolloutView]) -> list[GaugeMetricFamily]:
@@ -396,12 +538,15 @@ class _Everything(Collector):
 
 @dataclass
 class Probes:
-    """The answers of ``/healthz`` and ``/readyz``: (healthy, one line per check)."""
+    """The answers of ``/healthz`` and ``/readyz``: (healthy, one line per check). ``db_path``
+    None: the store is not SQLite; ``app`` and ``await_on_loop`` ask it (``attach`` sets them)."""
 
     on_loop: OnLoop
-    db_path: Path
+    db_path: Path | None
     grpc_address: str = ""
     serving: bool = False
+    app: App | None = None
+    await_on_loop: AwaitOnLoop | None = None
 
     def healthz(self) -> tuple[bool, str]:
         if self.on_loop(lambda: True) is None:
@@ -409,7 +554,10 @@ class Probes:
         return True, "ok event loop"
 
     def readyz(self) -> tuple[bool, str]:
-        checks = [self._serving(), self._store(), self._port(), self.healthz()]
+        checks = [self._serving(), self._store()]
+        if self.db_path is None:
+            checks.append((True, self._leader()))  # informational: never fails the probe
+        checks += [self._port(), self.healthz()]
         return all(ok for ok, _ in checks), "\n".join(line for _, line in checks)
 
     def _serving(self) -> tuple[bool, str]:
@@ -418,6 +566,8 @@ class Probes:
         return True, "ok serving"
 
     def _store(self) -> tuple[bool, str]:
+        if self.db_path is None:
+            return self._database()
         try:
             conn = read_only(self.db_path)
             try:
@@ -427,6 +577,39 @@ class Probes:
         except sqlite3.Error as exc:
             return False, f"FAIL store: {exc}"
         return True, "ok store"
+
+    def _database(self) -> tuple[bool, str]:
+        """A quick query through the store (its connection pool), on the loop, bounded in time."""
+        app, run = self.app, self.await_on_loop
+        if app is None or run is None:
+            return False, "FAIL store: not open yet"
+        store = app.store
+        wait = METRICS_PROBE_SECONDS
+
+        async def ask() -> str:
+            try:
+                await asyncio.wait_for(store.list_audit(limit=1), wait)
+            except TimeoutError:  # (the same class as the thread's own wait's: told apart here)
+                return "slow"
+            return "ok"
+
+        try:
+            answer = run(ask, wait + 1.0)
+        except Exception as exc:  # StoreError: "store unavailable: ..."; anything else, in one line
+            text = " ".join(str(exc).split()) or type(exc).__name__
+            return False, f"FAIL store: {text}"
+        if answer == "slow":
+            return False, f"FAIL store: store unavailable: no answer within {wait:g}s"
+        if answer is None:
+            return False, f"FAIL store: no answer within {wait + 1.0:g}s (the event loop is busy)"
+        return True, "ok store"
+
+    def _leader(self) -> str:
+        app = self.app
+        if app is None:
+            return "info leader: not known yet (starting)"
+        line = self.on_loop(lambda: leader_line(app))
+        return line if line is not None else "info leader: not known (the event loop did not answer)"
 
     def _port(self) -> tuple[bool, str]:
         if not self.grpc_address:
@@ -488,7 +671,7 @@ class MetricsListener:
     Bound when made (so a taken port fails the start-up), serving once ``attach`` gave it the app.
     """
 
-    def __init__(self, address: str, db_path: Path) -> None:
+    def __init__(self, address: str, db_path: Path | None) -> None:
         host, port = parse(address)
         self.db_path = db_path
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -515,6 +698,8 @@ class MetricsListener:
         self.fleet = FleetCollector(app, self._on_loop, self.db_path)
         self._everything.fleet = self.fleet
         self.probes.grpc_address = grpc_address
+        self.probes.app = app
+        self.probes.await_on_loop = self._await_on_loop
         self._thread.start()
 
     def close(self) -> None:
@@ -540,6 +725,28 @@ class MetricsListener:
             return None
         try:
             return future.result(METRICS_PROBE_SECONDS)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            return None
+
+    def _await_on_loop(self, fn: Callable[[], Awaitable[T]], timeout: float) -> T | None:
+        """``await fn()`` on the controller's event loop; None when it does not end in ``timeout``
+        seconds (it is cancelled then). What it raises is raised here."""
+        loop = self.loop
+        if loop is None or loop.is_closed():
+            return None
+
+        async def call() -> T:
+            return await fn()
+
+        coro = call()
+        try:
+            future = asyncio.run_coroutine_threadsafe(coro, loop)
+        except RuntimeError:  # the loop is shutting down
+            coro.close()
+            return None
+        try:
+            return future.result(timeout)
         except concurrent.futures.TimeoutError:
             future.cancel()
             return None

@@ -401,7 +401,7 @@ def exported_names() -> set[str]:
     suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum"), "gauge": ("",)}
     names = {f"{fam.name}{x}" for fam in metrics.REGISTRY.collect() for x in suffixes.get(fam.type, ("",))}
     names |= {"tether_agents_connected", "tether_nodes", "tether_nodes_scan_duration_seconds"}
-    names |= {"tether_node_conditions"}
+    names |= {"tether_node_conditions", "tether_replica_leader", "tether_replicas_live"}
     names |= {"tether_rollout_state", "tether_rollout_generation", "tether_rollout_nodes"}
     names |= {line.split()[2] for line in render(AgentFigures("1")).splitlines() if line.startswith("# TYPE")}
     return names
