@@ -30,7 +30,7 @@ from typing import Any, TypeVar, cast
 
 from tether.controller import paging, wire
 from tether.controller.auth import Kind, Principal
-from tether.controller.errors import ControllerError, InvalidArgument
+from tether.controller.errors import ControllerError, InvalidArgument, StoreError
 from tether.controller.store.records import AuditRecord
 from tether.nodeagent import logs
 from tether.nodeagent.model import now_ms
@@ -111,20 +111,20 @@ def _unary(fn: Any, generations: bool, describe: Describe | None, unless: Any) -
         if call is None:
             return await fn(self, request, context)
         token = _current.set(call)
-        outcome, detail = "INTERNAL", "internal error"
+        outcome, detail, store_down = "INTERNAL", "internal error", False
         try:
             reply = await fn(self, request, context)
             outcome, detail = "ok", _described(describe, request, reply)
             return reply
         except ControllerError as exc:
-            outcome, detail = exc.code.name, _refusal(exc, request)
+            outcome, detail, store_down = exc.code.name, _refusal(exc, request), isinstance(exc, StoreError)
             raise
         except asyncio.CancelledError:
             outcome, detail = "CANCELLED", "the client went away"
             raise
         finally:
             _current.reset(token)
-            await _finish(self.app, call, fn.__name__, request, outcome, detail)
+            await _finish(self.app, call, fn.__name__, request, outcome, detail, wait=not store_down)
 
     return wrapper
 
@@ -138,14 +138,14 @@ def _stream(fn: Any, generations: bool, describe: Describe | None) -> Any:
                 yield item
             return
         token = _current.set(call)
-        outcome, detail, last = "INTERNAL", "internal error", None
+        outcome, detail, last, store_down = "INTERNAL", "internal error", None, False
         try:
             async for item in fn(self, request, context):
                 last = item
                 yield item
             outcome, detail = "ok", _described(describe, request, last)
         except ControllerError as exc:
-            outcome, detail = exc.code.name, _refusal(exc, request)
+            outcome, detail, store_down = exc.code.name, _refusal(exc, request), isinstance(exc, StoreError)
             raise
         except (asyncio.CancelledError, GeneratorExit):
             outcome, detail = "CANCELLED", "the client went away"
@@ -153,7 +153,7 @@ def _stream(fn: Any, generations: bool, describe: Describe | None) -> Any:
         finally:
             with contextlib.suppress(ValueError):  # closed from another context: nothing to reset
                 _current.reset(token)
-            await _finish(self.app, call, fn.__name__, request, outcome, detail)
+            await _finish(self.app, call, fn.__name__, request, outcome, detail, wait=not store_down)
 
     return wrapper
 
@@ -169,8 +169,12 @@ def _begin(app: Any, context: Any, generations: bool) -> _Call | None:
     return _Call(principal, app.store, generations)
 
 
-async def _finish(app: Any, call: _Call, method: str, request: Any, outcome: str, detail: str) -> None:
-    """Store the record; a failure to store it is logged and never changes the call's outcome."""
+async def _finish(
+    app: Any, call: _Call, method: str, request: Any, outcome: str, detail: str, wait: bool = True
+) -> None:
+    """Store the record; a failure to store it is logged and never changes the call's outcome.
+    ``wait`` false (the call failed because the store is unavailable): the record is written in
+    the background, so the caller hears of the failure now, not after a second wait for the store."""
     after = call.generation_after
     if after is None:
         after = _generation(call.store, call.environment) if call.generations and call.environment else 0
@@ -190,12 +194,21 @@ async def _finish(app: Any, call: _Call, method: str, request: Any, outcome: str
         detail=masked,
     )
     write = asyncio.ensure_future(_append(call.store, record))
+    if not wait:
+        _background.add(write)
+        write.add_done_callback(_background.discard)
+        return
     await asyncio.shield(write)  # a cancelled call still leaves its record
+
+
+_background: set[asyncio.Future[None]] = set()  # records written after their call answered
 
 
 async def _append(store: Any, record: AuditRecord) -> None:
     try:
         await store.append_audit(record)
+    except StoreError as exc:  # the database away: one line, no traceback
+        log.warning("audit record not stored", method=record.method, admin=record.admin, error=str(exc))
     except Exception:
         log.exception("audit record not stored", method=record.method, admin=record.admin)
 

@@ -25,6 +25,7 @@ from tether.controller.documents import check_size
 from tether.controller.errors import InvalidArgument
 
 T = TypeVar("T")
+STORE_UNAVAILABLE = "store unavailable:"  # how a controller's StoreError begins (UNAVAILABLE too)
 __all__ = [
     "DEFAULT_CONFIG",
     "CliError",
@@ -87,6 +88,8 @@ def explain(exc: grpc.RpcError | ApiError, address: str = "") -> CliError:
         return CliError(exc.message or exc.code.name)
     code = exc.code() if hasattr(exc, "code") else None
     details = exc.details() if hasattr(exc, "details") else str(exc)
+    if code == grpc.StatusCode.UNAVAILABLE and (details or "").startswith(STORE_UNAVAILABLE):
+        return CliError(f"the controller at {address} answered: {details}")  # reached; its database not
     if code == grpc.StatusCode.UNAVAILABLE:
         return CliError(f"cannot reach the controller at {address}: {details}")
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:

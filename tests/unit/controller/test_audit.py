@@ -14,7 +14,7 @@ import pytest
 from tether.controller import audit, wire
 from tether.controller.admin_service import AdminService
 from tether.controller.auth import Kind, Principal
-from tether.controller.errors import PermissionDenied
+from tether.controller.errors import PermissionDenied, StoreError
 from tether.controller.store import SqliteStore
 from tether.controller.store import base as store_base
 from tether.controller.store.records import AuditRecord
@@ -183,3 +183,46 @@ async def test_a_token_for_a_node_records_the_node(store: SqliteStore) -> None:
         "missing",
         "gpu-7",
     )
+
+
+# -- the store away: the caller hears it at once, the record is tried in the background ---------
+
+
+class _StoreDown:
+    """A store whose writes fail with "store unavailable" once ``release`` is set (as PostgreSQL's
+    wait for a connection does after 5 s)."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.tried: list[AuditRecord] = []
+
+    def get_environment(self, name: str) -> None:
+        return None
+
+    async def append_audit(self, record: AuditRecord) -> AuditRecord:
+        self.tried.append(record)
+        await self.release.wait()
+        raise StoreError("store unavailable: cannot reach postgresql://db/tether")
+
+
+class _Writing:
+    def __init__(self, store: _StoreDown) -> None:
+        self.app = SimpleNamespace(
+            auth=SimpleNamespace(principal=lambda context: CI), store=store, redactor=Redactor()
+        )
+
+    @audit.audited()
+    async def CreateToken(self, request: Any, context: Any) -> Any:
+        raise StoreError("store unavailable: cannot reach postgresql://db/tether")
+
+
+async def test_a_call_failed_by_the_store_does_not_wait_for_its_audit_record() -> None:
+    store = _StoreDown()
+    call = _Writing(store).CreateToken(wire.admin.CreateTokenRequest(environment="lab"), None)
+    with pytest.raises(StoreError):  # answered while the record's write still waits for the store
+        await asyncio.wait_for(call, timeout=5)
+    assert [(r.method, r.outcome) for r in store.tried] == [("CreateToken", "UNAVAILABLE")]
+    assert audit._background  # still trying
+    store.release.set()
+    while audit._background:
+        await asyncio.sleep(0.01)
