@@ -8,7 +8,9 @@ An admin may be limited to some environments (its scope). The certificate names 
 controller's admin registry (``tether.controller.admins``) records them when it is issued; on every
 call the registry's record is looked up by the certificate's fingerprint, and a certificate
 whose scope differs from its record is refused. The registry is authoritative: a certificate
-it never recorded (issued before it existed) keeps the scope the certificate names.
+it never recorded (issued before it existed) keeps the scope the certificate names, unless the
+registry records every certificate (``recorded_only``: the identity kept in the store), where
+one without a record is refused (its record deleted in the database, say, to undo a revocation).
 """
 
 from __future__ import annotations
@@ -84,10 +86,12 @@ class Authenticator:
         *,
         revoked: Callable[[str], bool] = lambda fingerprint: False,
         scope: Callable[[str], frozenset[str] | None] = lambda fingerprint: None,
+        recorded_only: bool = False,
     ) -> None:
         self._ca = ca
         self._revoked = revoked  # admin certificates (controller.admins); nodes are revoked in the store
         self._scope = scope  # an admin certificate's recorded environments; None: never recorded
+        self._recorded_only = recorded_only  # refuse an admin certificate never recorded
         self._cache: OrderedDict[bytes, Principal] = OrderedDict()
         self._cache_size = cache_size
         self._anonymous_der = x509.load_pem_x509_certificate(anonymous.CERT_PEM).public_bytes(Encoding.DER)
@@ -114,6 +118,11 @@ class Authenticator:
         if self._revoked(principal.fingerprint):
             raise Unauthenticated(f"the admin certificate of {principal.name!r} has been revoked")
         recorded = self._scope(principal.fingerprint)
+        if recorded is None and self._recorded_only:
+            raise Unauthenticated(
+                f"the admin certificate of {principal.name!r} is not in the controller's admin "
+                "registry: issue a new one (tether-controller admin issue)"
+            )
         if recorded is not None and recorded != principal.environments:
             raise PermissionDenied(
                 f"the admin certificate of {principal.name!r} names other environments than the "

@@ -44,6 +44,7 @@ class Resets:
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._armed = False
         self._tasks: set[asyncio.Task[None]] = set()
+        self._expiring: set[asyncio.Task[None]] = set()  # overdue resets being given up (leader only)
         # Whether this process gives up overdue resets: the one replica, or the leader of several
         # (the server sets it False until this replica leads).
         self.leading = True
@@ -168,6 +169,8 @@ class Resets:
         for timer in self._timers.values():
             timer.cancel()
         self._timers.clear()
+        for task in list(self._expiring):  # giving up mid-way: the new leader gives up instead
+            task.cancel()
 
     def _schedule(self, name: str, deadline_ms: int) -> None:
         if not self.leading:
@@ -179,7 +182,9 @@ class Resets:
         self._timers[name] = asyncio.get_running_loop().call_later(delay, self._expire_soon, name)
 
     def _expire_soon(self, name: str) -> None:
-        self._spawn(self._expire(name))
+        task = self._spawn(self._expire(name))
+        self._expiring.add(task)
+        task.add_done_callback(self._expiring.discard)
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         """Run ``coro`` as a task of its own, kept until it ends (a cancelled caller does not stop it)."""

@@ -28,7 +28,7 @@ from tether.controller.guard import Guard, enroll_bucket
 from tether.controller.hardware.drift import DriftWatch
 from tether.controller.hardware.gate import HardwareGate
 from tether.controller.hub import Hub
-from tether.controller.identity import Identity, ensure_admin_conf, load_identity
+from tether.controller.identity import Identity, StoreKey, ensure_admin_conf, load_identity, load_store_key
 from tether.controller.listen import WILDCARDS, ListenError, preflight
 from tether.controller.nodewatch import NodeWatch
 from tether.controller.planner import Planner
@@ -85,10 +85,25 @@ def _add_services(server: grpc.aio.Server, app: App) -> tuple[health.aio.HealthS
     return health_servicer, agents
 
 
-async def _open_store(config: ControllerConfig) -> Store:
-    """``--store``: a PostgreSQL URL, or a SQLite file (default: DATA_DIR/tether.db, as always)."""
+async def _open_store(config: ControllerConfig) -> tuple[Store, StoreKey | None]:
+    """``--store``: a PostgreSQL URL, or a SQLite file (default: DATA_DIR/tether.db, as always),
+    and the key of ``--store-key-file``, loaded (or created: the first replica) before the store
+    opens, since a PostgreSQL store signs its notices with it. The URL's password is masked in
+    every log line from now on; a URL that does not parse is refused before the key file is made."""
     location = config.store or config.data_dir / "tether.db"
-    return await open_store(location, observe_commit=metrics.store_committed)
+    if config.store:
+        from tether.controller.store.migrations import is_postgres_url
+
+        if is_postgres_url(config.store):
+            from tether.controller.store.pgconn import check_url, passwords
+
+            PROCESS_REDACTOR.add(*passwords(config.store))
+            check_url(config.store)
+    key = await load_store_key(config)
+    store = await open_store(
+        location, observe_commit=metrics.store_committed, notify_key=key.key if key is not None else None
+    )
+    return store, key
 
 
 class Controller:
@@ -113,8 +128,8 @@ class Controller:
         config.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         store: Store | None = None
         try:
-            store = await _open_store(config)
-            identity = await load_identity(config, store)
+            store, key = await _open_store(config)
+            identity = await load_identity(config, store, key)
             return await self._serve(identity, store, host)
         except BaseException:
             await self._undo_start(store, created)
@@ -180,7 +195,12 @@ class Controller:
             config=config,
             ca=ca,
             store=watch.store,
-            auth=Authenticator(ca, revoked=admins.is_revoked, scope=admins.scope_of),
+            auth=Authenticator(
+                ca,
+                revoked=admins.is_revoked,
+                scope=admins.scope_of,
+                recorded_only=admins.every_certificate_recorded,
+            ),
             hub=hub,
             planner=planner,
             advertise=advertise,
@@ -247,12 +267,11 @@ class Controller:
         await self.server.wait_for_termination()
 
 
-def _db_path(store: Store) -> Path:
-    """The SQLite file the metrics listener reads (a PostgreSQL store has none)."""
+def _db_path(store: Store) -> Path | None:
+    """The SQLite file the metrics listener reads; None for a PostgreSQL store (the listener
+    counts from the store's in-memory view and asks the database through the store)."""
     path = getattr(store, "path", None)
-    if not isinstance(path, Path):
-        raise ControllerError("--metrics-listen needs the SQLite store for now (not a PostgreSQL one)")
-    return path
+    return path if store.kind == "sqlite" and isinstance(path, Path) else None
 
 
 def _holds_shared_key(config: ControllerConfig, store: Store | None) -> bool:

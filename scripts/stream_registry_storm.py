@@ -11,6 +11,7 @@ its own scratch cluster and removes it).
 from __future__ import annotations
 
 import asyncio
+import secrets
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -112,7 +113,8 @@ async def per_key(a: Store, b: Store) -> str:
 async def main(url_for: Callable[[], str]) -> None:
     for measure in (registry, per_key):
         url = url_for()
-        a, b = await open_store(url), await open_store(url)
+        key = secrets.token_bytes(32)  # the --store-key-file key both replicas share
+        a, b = await open_store(url, notify_key=key), await open_store(url, notify_key=key)
         try:
             print(await measure(a, b))
         finally:

@@ -20,10 +20,12 @@ from tether.controller.store.records import AuditRecord
 from tether.controller.tokens import TokenRecord
 from tether.nodeagent.model import Event, EventKind, Plan, Step
 
+STORE_KEY = bytes(range(32))  # as --store-key-file's: PostgreSQL stores sign their notices with it
+
 
 @pytest.fixture
 async def store(store_location: str | Path) -> AsyncIterator[Store]:
-    s = await open_store(store_location)
+    s = await open_store(store_location, notify_key=STORE_KEY)
     yield s
     await s.close()
 
@@ -95,11 +97,11 @@ async def test_ack_stays_at_the_last_contiguous_seq_until_the_gap_fills(store: S
 
 
 async def test_events_survive_reopen(store_location: str | Path) -> None:
-    s = await open_store(store_location)
+    s = await open_store(store_location, notify_key=STORE_KEY)
     await enroll(s)
     await s.append_events("n1", [ev(1), ev(2)])
     await s.close()
-    s = await open_store(store_location)
+    s = await open_store(store_location, notify_key=STORE_KEY)
     try:
         assert s.get_node("n1").stored_seq == 2  # type: ignore[union-attr]
         assert len(await s.list_events("n1")) == 2 and s.max_seq("n1") == 2

@@ -7,9 +7,9 @@ PostgreSQL store share one identity; a dump of the database shows only ciphertex
 
 from tether.controller.identity.adminconf import ensure_admin_conf
 from tether.controller.identity.admins import Admins, FileAdmins, StoreAdmins
-from tether.controller.identity.keyfile import KeyFileError
+from tether.controller.identity.keyfile import KeyFileError, StoreKey
 from tether.controller.identity.model import Identity
-from tether.controller.identity.source import file_identity, load_identity
+from tether.controller.identity.source import file_identity, load_identity, load_store_key
 from tether.controller.identity.stored import load_stored_identity
 
 __all__ = [
@@ -18,8 +18,10 @@ __all__ = [
     "Identity",
     "KeyFileError",
     "StoreAdmins",
+    "StoreKey",
     "ensure_admin_conf",
     "file_identity",
     "load_identity",
+    "load_store_key",
     "load_stored_identity",
 ]

@@ -6,7 +6,9 @@ key/value table, each sealed with the key-encryption key (the kv key bound in, s
 swapped; a database writer cannot forge or widen one). Every replica reads them from its store: a
 change another replica makes (``Store.subscribe``, kind "kv") is seen on the next call, and the
 records are read again at least once a second anyway (the admin CLI's writes on SQLite). A record
-that does not decrypt counts as revoked.
+that does not decrypt counts as revoked, and so does a certificate without a record: the CA was
+made in the store with the registry, so every admin certificate it signed was recorded, and a
+database writer who deletes a revoked one's record must not bring it back.
 """
 
 from __future__ import annotations
@@ -37,6 +39,9 @@ UNREADABLE = "(unreadable record)"
 class Admins(Protocol):
     """Admin certificates issued, and which are revoked: readers for every call, async writers."""
 
+    # True: a certificate this registry has no record of is refused (see ``Authenticator``).
+    every_certificate_recorded: bool
+
     def is_revoked(self, fingerprint: str) -> bool: ...
     def scope_of(self, fingerprint: str) -> frozenset[str] | None: ...
     def entries(self) -> list[AdminEntry]: ...
@@ -48,6 +53,8 @@ class Admins(Protocol):
 
 class FileAdmins:
     """``AdminRegistry`` (``pki/admins.json``) as ``Admins``: its writes (under flock) in a thread."""
+
+    every_certificate_recorded = False  # certificates issued before admins.json existed are valid
 
     def __init__(self, registry: AdminRegistry) -> None:
         self.registry = registry
@@ -75,6 +82,8 @@ class FileAdmins:
 
 class StoreAdmins:
     """The registry in the store's kv, sealed with the key-encryption key."""
+
+    every_certificate_recorded = True
 
     def __init__(self, store: Store, kek: SecretBox) -> None:
         self._store = store

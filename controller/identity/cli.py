@@ -20,7 +20,7 @@ import structlog
 from tether.controller.adminconf import AdminConfig
 from tether.controller.admins import AdminEntry, parse_environments
 from tether.controller.errors import ControllerError, InvalidArgument
-from tether.controller.identity.keyfile import KeyFileError
+from tether.controller.identity.keyfile import KeyFileError, StoreKey, read_key_file
 from tether.controller.identity.model import Identity
 from tether.controller.identity.stored import IdentityMissing, load_stored_identity
 from tether.controller.store import SqliteStore, open_store
@@ -59,9 +59,13 @@ async def _run(args: argparse.Namespace) -> int:
         raise KeyFileError(
             "--store needs --store-key-file PATH: the key that seals the controller identity in it"
         )
-    store = await open_admin_store(args.store or str(args.data_dir / "tether.db"))
+    location = args.store or str(args.data_dir / "tether.db")
+    key = None
+    if is_postgres_url(location):  # it signs the notices that tell the running replicas
+        key = StoreKey(args.store_key_file, await asyncio.to_thread(read_key_file, args.store_key_file))
+    store = await open_admin_store(location, key.key if key is not None else None)
     try:
-        identity = await load_stored_identity(store, args.store_key_file, create=False)
+        identity = await load_stored_identity(store, args.store_key_file, create=False, key=key)
         if args.verb == "issue":
             await _issue(args, identity, store)
         elif args.verb == "list":
@@ -74,10 +78,11 @@ async def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-async def open_admin_store(location: str) -> Store:
-    """The store at ``location`` (a PostgreSQL URL or a SQLite file), which must exist."""
+async def open_admin_store(location: str, notify_key: bytes | None = None) -> Store:
+    """The store at ``location`` (a PostgreSQL URL, opened with the key of --store-key-file, or a
+    SQLite file), which must exist."""
     if is_postgres_url(location):
-        return await open_store(location)
+        return await open_store(location, notify_key=notify_key)
     path = Path(location)
     if not await asyncio.to_thread(path.exists):
         raise IdentityMissing(f"no controller store at {path} (start the controller once)")

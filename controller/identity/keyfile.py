@@ -13,6 +13,7 @@ import contextlib
 import os
 import secrets
 import stat
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tether.controller.errors import FailedPrecondition
@@ -22,6 +23,22 @@ KEY_BYTES = 32
 
 class KeyFileError(FailedPrecondition):
     """The key file is missing, unsafe, malformed or not the one the stored identity was sealed with."""
+
+
+@dataclass(frozen=True)
+class StoreKey:
+    """The key of ``--store-key-file``, loaded once before the store opens (it seals the identity
+    and signs the notices between replicas); ``created``: this process made the file just now."""
+
+    path: Path
+    key: bytes = field(repr=False)
+    created: bool = False
+
+
+def load_or_create_key(path: Path) -> StoreKey:
+    """The key in ``path``, or a new one written there when the file is missing (the first replica)."""
+    made = None if path.exists() else create_key_file(path)
+    return StoreKey(path, made, created=True) if made is not None else StoreKey(path, read_key_file(path))
 
 
 def read_key_file(path: Path) -> bytes:

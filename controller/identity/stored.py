@@ -19,7 +19,7 @@ from cryptography.exceptions import InvalidTag
 from tether.controller.ca import CertificateAuthority
 from tether.controller.errors import InvalidArgument, StoreError
 from tether.controller.identity.admins import StoreAdmins
-from tether.controller.identity.keyfile import KeyFileError, create_key_file, read_key_file
+from tether.controller.identity.keyfile import KeyFileError, StoreKey, create_key_file, read_key_file
 from tether.controller.identity.model import Identity
 from tether.controller.secretbox import SecretBox
 from tether.controller.store.base import Store
@@ -36,30 +36,51 @@ class IdentityMissing(StoreError):
     """The store holds no controller identity (the admin CLI creates none)."""
 
 
-async def load_stored_identity(store: Store, key_file: Path, *, create: bool = True) -> Identity:
+async def load_stored_identity(
+    store: Store, key_file: Path, *, create: bool = True, key: StoreKey | None = None
+) -> Identity:
     """The identity in ``store``, opened with the key of ``key_file``; created (with the key file,
-    when that is missing) on an empty store unless ``create`` is False."""
+    when that is missing) on an empty store unless ``create`` is False. ``key``: that key as
+    loaded (or created) already, before the store was opened with it; None: read here."""
     blob = store.kv_get(ROOT_KEY)
     if blob is not None:
-        kek = SecretBox(await asyncio.to_thread(_existing_key, key_file))
-        ca, box = _open_root(kek, blob, key_file)
+        kek = SecretBox(key.key if key is not None else await asyncio.to_thread(_existing_key, key_file))
+        ca, box = await _open_existing(kek, blob, key_file, key)
     elif not create:
         raise IdentityMissing(
             "the store holds no controller identity: start a controller on it once "
             "(tether-controller serve --store ... --store-key-file ...)"
         )
     else:
-        kek, ca, box = await _create(store, key_file)
+        kek, ca, box = await _create(store, key_file, key)
     return Identity(ca, box, StoreAdmins(store, kek), where=f"the store (key file {key_file})")
 
 
 def _existing_key(key_file: Path) -> bytes:
     if not key_file.exists():
-        raise KeyFileError(
-            f"the store key file {key_file} does not exist, and the store already holds a "
-            "controller identity: copy the key file of the first replica there"
-        )
+        raise KeyFileError(_missing(key_file))
     return read_key_file(key_file)
+
+
+def _missing(key_file: Path) -> str:
+    return (
+        f"the store key file {key_file} does not exist, and the store already holds a "
+        "controller identity: copy the key file of the first replica there"
+    )
+
+
+async def _open_existing(
+    kek: SecretBox, blob: bytes, key_file: Path, key: StoreKey | None
+) -> tuple[CertificateAuthority, SecretBox]:
+    """The stored identity; a key file this start created (it was missing) that does not open it
+    is removed again, and the start is refused as if it had stayed missing."""
+    try:
+        return _open_root(kek, blob, key_file)
+    except KeyFileError:
+        if key is None or not key.created:
+            raise
+        await asyncio.to_thread(key_file.unlink, missing_ok=True)
+        raise KeyFileError(_missing(key_file)) from None
 
 
 def _key_for_new_identity(key_file: Path) -> tuple[bytes, bool]:
@@ -68,10 +89,15 @@ def _key_for_new_identity(key_file: Path) -> tuple[bytes, bool]:
     return (made, True) if made is not None else (read_key_file(key_file), False)
 
 
-async def _create(store: Store, key_file: Path) -> tuple[SecretBox, CertificateAuthority, SecretBox]:
+async def _create(
+    store: Store, key_file: Path, key: StoreKey | None
+) -> tuple[SecretBox, CertificateAuthority, SecretBox]:
     """Make a candidate identity and offer it; the one the store keeps wins (ours or another's)."""
-    key, made = await asyncio.to_thread(_key_for_new_identity, key_file)
-    kek = SecretBox(key)
+    if key is not None:
+        raw, made = key.key, key.created
+    else:
+        raw, made = await asyncio.to_thread(_key_for_new_identity, key_file)
+    kek = SecretBox(raw)
     candidate = _seal_root(kek, CertificateAuthority.create(), SecretBox.new_key())
     kept = await store.kv_put_if_absent(ROOT_KEY, candidate)
     try:

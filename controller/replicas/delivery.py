@@ -182,7 +182,11 @@ class Delivery:
         if session is None:
             return
         if intent.kind == intents.MESSAGE:
-            session.send(intents.message_of(intent))
+            msg = intents.message_of(intent)  # only what for_message sends (never a secret or a capability)
+            if msg is None:
+                log.warning("an intent of another replica that may not travel was dropped", node=intent.node)
+                return
+            session.send(msg)
         elif intent.kind == intents.PLAN:
             plan = (int(intent.fields["g"]), str(intent.fields["d"]))
             self._pushing[intent.node] = plan

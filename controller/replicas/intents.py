@@ -15,9 +15,11 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
+from google.protobuf.message import DecodeError
+
 from tether.controller import wire
 
-PAYLOAD_BYTES = 3800  # under Store.publish's 4000 with room for the envelope
+PAYLOAD_BYTES = 3800  # a whole notice (envelope, topic, MAC: pgsync) stays within 4000 bytes
 MESSAGE = "m"  # a whole ControllerMessage (nothing secret in it)
 PLAN = "p"  # render and send the node's plan of generation ``g`` (digest ``d``)
 REFRESH = "r"  # ask the node for fresh join material of environment ``e``
@@ -39,18 +41,24 @@ class Intent:
         return Intent(str(doc["n"]), str(doc["k"]), fields)
 
 
+def travels(msg: wire.agent.ControllerMessage) -> bool:
+    """Whether ``msg`` may be handed whole to another replica: nothing secret, no capability, not
+    an answer on one stream. The receiver checks it again (a message intent is only ever these)."""
+    kind = msg.WhichOneof("kind")
+    if kind == "release" and msg.release.secret_env:
+        return False  # join material: the holder's own waiter gets it from the store
+    if kind == "command" and msg.command.id.startswith(NEVER_FORWARDED):
+        return False
+    return kind in ("notice", "command", "release")  # not acks, welcomes, settings, certificates
+
+
 def for_message(node: str, msg: wire.agent.ControllerMessage) -> Intent | None:
     """The intent that hands ``msg`` to ``node`` on another replica; None when it may not travel
     (a secret, a capability, a message only its own stream can answer with, or too large)."""
-    kind = msg.WhichOneof("kind")
-    if kind == "plan":
+    if msg.WhichOneof("kind") == "plan":
         return Intent(node, PLAN, {"g": msg.plan.generation, "d": msg.plan.digest})
-    if kind == "release" and msg.release.secret_env:
-        return None  # join material: the holder's own waiter gets it from the store
-    if kind == "command" and msg.command.id.startswith(NEVER_FORWARDED):
+    if not travels(msg):
         return None
-    if kind not in ("notice", "command", "release"):
-        return None  # acks, welcomes, settings, certificates: only on the stream they answer
     packed = base64.b64encode(zlib.compress(msg.SerializeToString(), 6)).decode()
     intent = Intent(node, MESSAGE, {"b": packed})
     return intent if len(json.dumps(intent.to_json())) <= PAYLOAD_BYTES else None
@@ -60,9 +68,14 @@ def refresh(node: str, environment: str, cert_key: bool) -> Intent:
     return Intent(node, REFRESH, {"e": environment, "c": cert_key})
 
 
-def message_of(intent: Intent) -> wire.agent.ControllerMessage:
-    raw = zlib.decompress(base64.b64decode(str(intent.fields["b"])))
-    return wire.agent.ControllerMessage.FromString(raw)
+def message_of(intent: Intent) -> wire.agent.ControllerMessage | None:
+    """The message a MESSAGE intent carries; None unless it is one ``for_message`` may send."""
+    try:
+        raw = zlib.decompress(base64.b64decode(str(intent.fields["b"]), validate=True))
+        msg = wire.agent.ControllerMessage.FromString(raw)
+    except (KeyError, ValueError, zlib.error, DecodeError):
+        return None
+    return msg if travels(msg) else None
 
 
 def pack(intents: list[Intent], limit: int = PAYLOAD_BYTES) -> list[str]:

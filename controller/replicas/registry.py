@@ -113,7 +113,10 @@ class Registry:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-        await self._store.kv_delete(self.key)
+        try:
+            await self._store.kv_delete(self.key)
+        except Exception as exc:  # the store is down: the entry goes stale and is swept later
+            log.warning("replica entry not removed", error=(str(exc).splitlines() or [repr(exc)])[0])
 
     async def report(self) -> None:
         self.me = replace(self.me, last_seen_ms=self._clock(), leader=self._leading())

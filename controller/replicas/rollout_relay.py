@@ -84,6 +84,13 @@ class RolloutRelay:
             if waiter is not None and not waiter.done():
                 waiter.set_result(doc)
 
+    async def unlead(self) -> None:
+        """The lease is gone: commands this replica was still running for others stop here (the
+        asker asks again, and the next leader answers)."""
+        for task in list(self._tasks):
+            task.cancel()
+        self._answered.clear()
+
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)

@@ -66,7 +66,11 @@ class Replicas:
         await self.registry.stop()
 
 
-def singleton_work(app: App, resets: Resets, registry: Registry) -> list[Work]:
+async def _nothing() -> None:
+    return None
+
+
+def singleton_work(app: App, resets: Resets, registry: Registry, relay: RolloutRelay) -> list[Work]:
     rearm = every("reset-deadlines", RESET_REARM_SECONDS, resets.rearm)
 
     async def stop_resets() -> None:
@@ -75,6 +79,7 @@ def singleton_work(app: App, resets: Resets, registry: Registry) -> list[Work]:
 
     return [
         Work("rollouts", app.rollouts.lead, app.rollouts.stop),
+        Work("rollout-commands", _nothing, relay.unlead),  # others' commands answered while leading
         Work("reset-deadlines", rearm.start, stop_resets),
         every("replica-sweep", SWEEP_SECONDS, registry.sweep),
     ]
@@ -84,16 +89,16 @@ async def start(store: Store, app: App, resets: Resets, advertise: str) -> Repli
     """Register this replica and take the lead when it can (SQLite: at once, before serving)."""
     leader = Leader(store, settle_s=SETTLE_SECONDS if store.kind != "sqlite" else 0.0)
     registry = Registry(store, advertise, __version__, leading=lambda: leader.held)
-    leader.work = singleton_work(app, resets, registry)
-    leader.on_change = lambda held: registry.report_soon()
     relay = RolloutRelay(store, app.rollouts, lambda: leader.held)
+    leader.work = singleton_work(app, resets, registry, relay)
+    leader.on_change = lambda held: registry.report_soon()
     if store.kind != "sqlite":
         await resets.unlead()  # until this replica leads
         app.rollouts.relay = relay
         store.subscribe(app.rollouts.on_store_change)
         store.subscribe(relay.on_store_change)
-    else:
-        await registry.sweep(older_than_s=0.0)  # the one process on the file: earlier runs' entries go
-    await registry.start()
+        await registry.start()  # reported every few seconds, for the other replicas
+    else:  # the one process on the file: no reports to write (an idle controller writes nothing)
+        await registry.sweep(older_than_s=0.0)  # earlier runs' entries go
     await leader.start()
     return Replicas(store, registry, leader)

@@ -16,15 +16,23 @@ from tether.controller.store.sqlite import SqliteStore
 
 
 async def open_store(
-    location: str | Path, observe_commit: Callable[[float, int], None] | None = None, **options: int
+    location: str | Path,
+    observe_commit: Callable[[float, int], None] | None = None,
+    *,
+    notify_key: bytes | None = None,
+    **options: int,
 ) -> Store:
     """The store at ``location``: a ``postgresql://USER@HOST:PORT/DB`` URL, or a SQLite file path.
     Migrations are applied on the way (under a lock); StoreError says why it cannot be opened.
-    ``options`` (PostgreSQL only): min_connections, max_connections of its pool."""
+    ``notify_key`` (PostgreSQL: required): the key of ``--store-key-file``, which signs the notices
+    between replicas (SQLite ignores it). ``options`` (PostgreSQL only): min_connections,
+    max_connections of its pool."""
     if isinstance(location, str) and is_postgres_url(location):
         from tether.controller.store.postgres import PostgresStore  # psycopg only when used
 
-        return await PostgresStore.open(location, observe_commit=observe_commit, **options)
+        return await PostgresStore.open(
+            location, observe_commit=observe_commit, notify_key=notify_key, **options
+        )
     return SqliteStore(Path(location), observe_commit=observe_commit)
 
 

@@ -9,6 +9,7 @@ controller does (many in flight), then has every node append output events of
 from __future__ import annotations
 
 import asyncio
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -50,7 +51,7 @@ async def measure(
     lines_per_event: int = 100,
     seconds: float = 5.0,
 ) -> Throughput:
-    store = await open_store(location)
+    store = await open_store(location, notify_key=secrets.token_bytes(32))  # it hears no other replica
     try:
         await store.put_token(TokenRecord("bench", "h", "bench", "worker", "", 10**15, nodes, 0, False, 1))
         names = [f"bench-{i:05d}" for i in range(nodes)]

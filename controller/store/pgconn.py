@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
+from urllib.parse import urlsplit
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
@@ -20,6 +22,9 @@ SETTINGS: dict[str, Any] = {
     "keepalives_interval": 2,
     "keepalives_count": 3,
     "application_name": "tether-controller",
+    # ... and the server notices a replica that vanished (host lost, partition) within ~20 s, which
+    # ends its session and frees its advisory locks: the singleton lease moves to another replica.
+    "options": "-c tcp_keepalives_idle=5 -c tcp_keepalives_interval=2 -c tcp_keepalives_count=5",
 }
 # Errors that mean the database cannot be reached (or the connection broke), not a bad statement.
 UNREACHABLE = (psycopg.OperationalError, PoolTimeout, OSError)
@@ -30,12 +35,19 @@ def connection_kwargs() -> dict[str, Any]:
     return {**SETTINGS, "autocommit": True, "prepare_threshold": 1}
 
 
+INVALID_URL = "invalid --store URL: check its form and percent-encoding"
+
+
 async def connect(url: str) -> psycopg.AsyncConnection[Any]:
-    """One autocommit connection, or StoreError ("store unavailable: ...")."""
+    """One autocommit connection, or StoreError: "store unavailable: ..." (the database cannot be
+    reached, or refused us), ``INVALID_URL`` for any other error (psycopg puts the URL's text,
+    its password included, in the message of a URL it cannot parse: never shown)."""
     try:
         return await psycopg.AsyncConnection.connect(url, **connection_kwargs())
     except UNREACHABLE as exc:
         raise unavailable(exc, url) from None
+    except psycopg.Error:
+        raise StoreError(INVALID_URL) from None
 
 
 def unavailable(exc: BaseException, url: str = "") -> StoreError:
@@ -44,17 +56,27 @@ def unavailable(exc: BaseException, url: str = "") -> StoreError:
         text = f"cannot reach {describe(url)} ({exc})"
     else:
         text = " ".join(str(exc).split()) or type(exc).__name__
-    secret = _password(url)
-    if secret:
+    for secret in passwords(url):
         text = text.replace(secret, "***")
     return StoreError(f"store unavailable: {text}")
 
 
-def _password(url: str) -> str:
+def check_url(url: str) -> None:
+    """StoreError ``INVALID_URL`` when libpq cannot parse ``url`` (never with its text)."""
     try:
-        return str(conninfo_to_dict(url).get("password") or "")
-    except psycopg.ProgrammingError:
-        return ""
+        conninfo_to_dict(url)
+    except psycopg.Error:
+        raise StoreError(INVALID_URL) from None
+
+
+def passwords(url: str) -> list[str]:
+    """The password in ``url``, as libpq reads it and as written (percent-encoded); none: []."""
+    found: list[str] = []
+    with contextlib.suppress(psycopg.Error):
+        found.append(str(conninfo_to_dict(url).get("password") or ""))
+    with contextlib.suppress(ValueError):
+        found.append(urlsplit(url).password or "")
+    return sorted({p for p in found if p}, key=len, reverse=True)
 
 
 def describe(url: str) -> str:

@@ -18,10 +18,10 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from tether.controller.errors import check_generation
-from tether.controller.store import base
+import tether.controller.store.base as base
+from tether.controller.errors import StoreError, check_generation
 from tether.controller.store.pgconn import UNREACHABLE, unavailable
-from tether.controller.store.pgsync import encode
+from tether.controller.store.pgsync import Sender, encode
 from tether.controller.store.pgview import View
 from tether.controller.store.pgwrites import (
     NODE_RETURNING,
@@ -57,6 +57,7 @@ ATTEMPTS = 5
 class Writes:
     url: str
     replica_id: str
+    _sender: Sender  # signs this replica's notices
     _pool: AsyncConnectionPool[Any]
     _observe: Callable[[float, int], None] | None
     _view: View
@@ -88,13 +89,20 @@ class Writes:
                     or not isinstance(exc, psycopg.OperationalError)
                 ):
                     self._recheck_soon()
+                    if began:  # it may have committed: read it back (own notices are not heard)
+                        self._unsure()
                     raise unavailable(exc, self.url) from None
                 await self._recheck()
                 continue
+            except psycopg.Error as exc:  # refused by the database (bad data): one line, no values
+                raise StoreError(f"store refused the write: {type(exc).__name__} ({exc.sqlstate})") from None
             if self._observe is not None:
                 self._observe(time.perf_counter() - started, writes)
             return result
         raise AssertionError("not reached")
+
+    def _unsure(self) -> None:
+        """A write whose commit is in doubt: re-read the view from the database (the backend's)."""
 
     def _recheck_soon(self) -> asyncio.Task[None]:
         """A connection broke (the database restarted?): have the pool test its idle ones now,
@@ -126,7 +134,7 @@ class Writes:
             view.own((kind, name), rev, functools.partial(view.set_kv, name, None))
 
     def _notice(self, kind: str, key: str, seq: int = 0) -> str:
-        return encode(self.replica_id, kind, key, seq)
+        return encode(self._sender, kind, key, seq)
 
     # -- environments ---------------------------------------------------------------------------
 

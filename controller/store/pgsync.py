@@ -1,7 +1,11 @@
 """Other replicas' writes into the view: LISTEN on one channel, re-read what changed, tell.
 
-A writer sends ``NOTIFY tether, '<replica> <kind> <seq> <len(key)>\\n<key><payload>'`` inside
-its transaction (so it is delivered only if it commits). One task here collects notices, re-reads
+A writer sends ``NOTIFY tether, '<replica> <kind> <seq> <len(key)> <ms>\\n<key><payload><mac>'``
+inside its transaction (so it is delivered only if it commits). ``mac`` (HMAC-SHA256, 16 bytes,
+base64url) is keyed by a key derived from ``--store-key-file``'s: any role that may connect to the
+database can send on the channel, and a notice without the right MAC is dropped unread. A
+``message`` notice (``Store.publish``) is also dropped when it is older than a minute or seen before
+(one captured by a listener and sent again). One task here collects notices, re-reads
 the keys they name in one snapshot (a burst of notices costs one read), applies them to the
 view, then calls the listeners, in the order the notices came. The listening connection
 reconnects by itself; since notices may have been missed meanwhile, it then re-reads everything.
@@ -10,9 +14,14 @@ reconnects by itself; since notices may have been missed meanwhile, it then re-r
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import hashlib
+import hmac
+import time
+from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
@@ -22,9 +31,15 @@ from psycopg_pool import AsyncConnectionPool
 from tether.controller.store.pgconn import CHANNEL, UNREACHABLE, connect
 from tether.controller.store.pgview import Key, View, read_snapshot
 from tether.controller.store.records import StoreChange
+from tether.nodeagent.model import now_ms
 
 log = structlog.get_logger("tether.controller.store")
 RETRY_S = (0.1, 0.25, 0.5, 1.0, 2.0)  # reconnect / re-read backoff
+MAC_BYTES = 16  # of HMAC-SHA256, sent as base64url without padding
+MAC_CHARS = 22
+MAC_LABEL = b"tether store notices v1"
+MESSAGE_WINDOW_MS = 60_000  # a message notice older (or newer, clocks apart) than this is dropped
+REFUSED_LOG_S = 60.0  # refused notices are logged at most this often
 # The notice kind -> the view key it names.
 _KEY_KIND = {
     "node": "node",
@@ -44,6 +59,7 @@ class Notice:
     key: str
     seq: int = 0
     payload: str = ""
+    sent_ms: int = 0  # the sender's clock
 
     @property
     def view_key(self) -> Key | None:
@@ -51,31 +67,58 @@ class Notice:
         return None if kind is None else (kind, self.key)
 
 
-def encode(replica: str, kind: str, key: str, seq: int = 0, payload: str = "") -> str:
-    return f"{replica} {kind} {seq} {len(key)}\n{key}{payload}"
+def mac_key(store_key: bytes) -> bytes:
+    """The key that signs notices, derived from the key of ``--store-key-file`` (which it never is)."""
+    return hmac.new(store_key, MAC_LABEL, hashlib.sha256).digest()
 
 
-def decode(text: str) -> Notice | None:
+@dataclass(frozen=True)
+class Sender:
+    """Who writes notices: this replica's id, and the key (``mac_key``) that signs them."""
+
+    replica: str
+    key: bytes = field(repr=False)
+
+
+def encode(sender: Sender, kind: str, key: str, seq: int = 0, payload: str = "") -> str:
+    body = f"{sender.replica} {kind} {seq} {len(key)} {now_ms()}\n{key}{payload}"
+    return body + _mac(sender.key, body)
+
+
+def decode(text: str, key: bytes) -> Notice | None:
+    """The notice in ``text``; None unless it is signed with ``key`` (and well formed)."""
+    body, mac = text[:-MAC_CHARS], text[-MAC_CHARS:]
+    if len(text) <= MAC_CHARS or not hmac.compare_digest(mac.encode(), _mac(key, body).encode()):
+        return None
     try:
-        head, rest = text.split("\n", 1)
-        replica, kind, seq, size = head.split(" ")
+        head, rest = body.split("\n", 1)
+        replica, kind, seq, size, sent = head.split(" ")
         n = int(size)
-        return Notice(replica, kind, rest[:n], int(seq), rest[n:])
+        return Notice(replica, kind, rest[:n], int(seq), rest[n:], int(sent))
     except ValueError:
         return None
+
+
+def _mac(key: bytes, body: str) -> str:
+    digest = hmac.new(key, body.encode(), hashlib.sha256).digest()[:MAC_BYTES]
+    return base64.urlsafe_b64encode(digest).decode().rstrip("=")
 
 
 class Sync:
     def __init__(
         self,
         url: str,
-        replica: str,
+        sender: Sender,
         pool: AsyncConnectionPool[Any],
         view: View,
         emit: Callable[[StoreChange], None],
     ) -> None:
         self._url = url
-        self._replica = replica
+        self._replica = sender.replica
+        self._key = sender.key  # notices not signed with it are dropped
+        self._seen: OrderedDict[tuple[str, int], float] = OrderedDict()  # message notices heard lately
+        self._refused_logged = float("-inf")
+        self.refused = 0  # notices dropped: not signed with the store's key, or replayed (tests)
         self._pool = pool
         self._view = view
         self._emit = emit
@@ -127,6 +170,10 @@ class Sync:
         self._notice(Notice(self._replica, kind, key))
         await waiter
 
+    def reload_soon(self) -> None:
+        """Re-read the whole view (an own write's outcome is unknown; its notice is not heard)."""
+        self._notice(Notice(self._replica, "reload", ""))
+
     def _notice(self, notice: Notice) -> None:
         self._pending.append(notice)
         self._wake.set()
@@ -150,11 +197,53 @@ class Sync:
         """Hand over notices until the connection breaks (the database restarted, or is away)."""
         try:
             async for n in conn.notifies():
-                notice = decode(n.payload)
-                if notice is not None and notice.replica != self._replica:
+                notice = self._accept(n.payload, n.pid)
+                if notice is not None:
                     self._notice(notice)
         except Exception as exc:
             log.warning("store notifications interrupted; reconnecting", error=" ".join(str(exc).split()))
+
+    def _accept(self, text: str, pid: int) -> Notice | None:
+        """The notice another replica sent; None for an own one, and for one not signed with the
+        store's key (anyone who may connect can NOTIFY) or a message notice heard before."""
+        notice = decode(text, self._key)
+        if notice is None:
+            self._refuse("not signed with this store's key", pid)
+            return None
+        if notice.replica == self._replica:
+            return None
+        if notice.kind == "message" and not self._fresh(notice):
+            self._refuse("a message notice sent again, or over a minute old", pid)
+            return None
+        return notice
+
+    def _fresh(self, notice: Notice) -> bool:
+        """A message notice not heard before, sent within ``MESSAGE_WINDOW_MS`` (each replica
+        numbers its messages: (replica, seq) is heard once)."""
+        if abs(now_ms() - notice.sent_ms) > MESSAGE_WINDOW_MS:
+            return False
+        now, seen, ident = time.monotonic(), self._seen, (notice.replica, notice.seq)
+        while seen and next(iter(seen.values())) < now - 2 * MESSAGE_WINDOW_MS / 1000:
+            seen.popitem(last=False)  # past its window: a replay of it is refused as too old
+        if ident in seen:
+            return False
+        seen[ident] = now
+        return True
+
+    def _refuse(self, why: str, pid: int) -> None:
+        """Count a dropped notice; say so at most once a minute, never with its text."""
+        self.refused += 1
+        now = time.monotonic()
+        if now - self._refused_logged >= REFUSED_LOG_S:
+            self._refused_logged = now
+            log.warning(
+                "store notification dropped (another database role sending on the channel? "
+                "only tether's role should be able to connect)",
+                why=why,
+                channel=CHANNEL,
+                sender_pid=pid,
+                dropped=self.refused,
+            )
 
     async def _reconnect(self) -> psycopg.AsyncConnection[Any]:
         attempt = 0

@@ -15,7 +15,7 @@ from typing import Any
 from psycopg import AsyncConnection
 
 from tether.controller.store.pgconn import CHANNEL
-from tether.controller.store.pgsync import encode
+from tether.controller.store.pgsync import Sender, encode
 from tether.controller.store.records import NodeRecord, StepRecord
 from tether.controller.store.rows import (
     NODE_COLUMN_COUNT,
@@ -122,7 +122,7 @@ class Enrolled:
     cleared: set[str]  # nodes whose steps went (a fresh machine)
 
 
-async def enroll_batch(conn: Conn, items: list[Enrollment], replica: str) -> Enrolled:
+async def enroll_batch(conn: Conn, items: list[Enrollment], replica: Sender) -> Enrolled:
     """Every enrollment in order, as if one after another: each ``decide`` sees the token and
     node as the ones before it left them; a refusal leaves no trace."""
     token_rows = await fetchall(
@@ -161,7 +161,7 @@ async def enroll_batch(conn: Conn, items: list[Enrollment], replica: str) -> Enr
 
 
 async def _enroll_writes(
-    conn: Conn, out: Enrolled, used: Counter[str], written: dict[str, tuple[Any, ...]], replica: str
+    conn: Conn, out: Enrolled, used: Counter[str], written: dict[str, tuple[Any, ...]], replica: Sender
 ) -> None:
     rows = await many(
         conn,
@@ -197,7 +197,7 @@ class Appended:
     steps: dict[str, list[StepRecord]]  # of the nodes whose steps moved
 
 
-async def append_batch(conn: Conn, items: list[Append], replica: str) -> Appended:
+async def append_batch(conn: Conn, items: list[Append], replica: Sender) -> Appended:
     """Store events idempotently by (node, seq), in order, as if one call after another."""
     names = sorted({i.node for i in items})
     rows = await fetchall(
@@ -259,7 +259,7 @@ async def _append_writes(
     marks: dict[str, list[int]],
     inserts: list[tuple[Any, ...]],
     updates: list[tuple[Any, ...]],
-    replica: str,
+    replica: Sender,
 ) -> None:
     if not inserts and not updates:
         return

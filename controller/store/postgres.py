@@ -13,6 +13,7 @@ import asyncio
 import bisect
 import contextlib
 import functools
+import itertools
 import json
 import uuid
 from collections.abc import Callable, Collection, Sequence
@@ -36,7 +37,7 @@ from tether.controller.store.pgconn import (
 )
 from tether.controller.store.pglease import Leases
 from tether.controller.store.pgnodes import ATTEMPTS, Writes, append_audit
-from tether.controller.store.pgsync import Sync, encode, stop_tasks
+from tether.controller.store.pgsync import Sender, Sync, encode, mac_key, stop_tasks
 from tether.controller.store.pgview import View
 from tether.controller.store.pgwrites import (
     Append,
@@ -61,6 +62,12 @@ from tether.nodeagent.model import Event
 CommitObserver = Callable[[float, int], None]
 log = structlog.get_logger("tether.controller.store")
 POOL_TIMEOUT_S = 5.0  # a call waits this long for a connection, then: "store unavailable: ..."
+# The pool retries a connection it could not make after 1 s, 2 s, ... for this long, then gives it
+# up and makes a new one when a call waits for one. psycopg_pool's default (5 min) lets the retries
+# drift 16 s, 32 s ... apart during an outage: writes would fail that long after the database is back.
+RECONNECT_S = 5.0
+# A published payload; its notice adds the topic (<= 200), a header (< 100) and the MAC (22):
+# well under PostgreSQL's 8000-byte NOTIFY limit. intents.PAYLOAD_BYTES keeps whole notices <= 4000.
 MAX_MESSAGE_BYTES = 4000
 REFRESH_TIMEOUT_S = 3.0  # refresh_node waits this long for the database, then answers from the view
 
@@ -71,15 +78,21 @@ class PostgresStore(Writes):
     kind = "postgresql"
 
     def __init__(
-        self, url: str, pool: AsyncConnectionPool[Any], observe_commit: CommitObserver | None
+        self,
+        url: str,
+        pool: AsyncConnectionPool[Any],
+        observe_commit: CommitObserver | None,
+        notify_key: bytes,
     ) -> None:
         self.url = url
         self.replica_id = uuid.uuid4().hex
+        self._sender = Sender(self.replica_id, mac_key(notify_key))
+        self._messages = itertools.count(1)  # numbers this replica's message notices (heard once each)
         self._pool = pool
         self._observe = observe_commit
         self._view = View()
         self._listeners: list[Callable[[StoreChange], None]] = []
-        self._sync = Sync(url, self.replica_id, pool, self._view, self._emit)
+        self._sync = Sync(url, self._sender, pool, self._view, self._emit)
         self._leases = Leases(url)
         self._enrollments: Batcher[Enrollment, NodeRecord] = Batcher(self._enroll_flush, alone=_alone)
         self._appends: Batcher[Append, int] = Batcher(self._append_flush, alone=_alone)
@@ -91,9 +104,17 @@ class PostgresStore(Writes):
         observe_commit: CommitObserver | None = None,
         min_connections: int = 2,
         max_connections: int = 16,
+        notify_key: bytes | None = None,
     ) -> PostgresStore:
         """Connect, apply the migrations (under their lock), load the view; StoreError if the
-        database cannot be reached (saying why: refused, authentication, no such database)."""
+        database cannot be reached (saying why: refused, authentication, no such database).
+        ``notify_key`` (required): the key of ``--store-key-file``; the notices between replicas
+        are signed with a key derived from it, and any other notice is dropped."""
+        if not notify_key:
+            raise StoreError(
+                "a PostgreSQL store needs the key of --store-key-file (notify_key): it signs the "
+                "notices between replicas"
+            )
         first = await connect(url)
         try:
             applied = await migrate_postgres(first)
@@ -110,11 +131,12 @@ class PostgresStore(Writes):
             kwargs=connection_kwargs(),
             open=False,
             timeout=POOL_TIMEOUT_S,
+            reconnect_timeout=RECONNECT_S,
             name="tether-store",
         )
         try:
             await pool.open(wait=True, timeout=CONNECT_TIMEOUT_S)
-            store = cls(url, pool, observe_commit)
+            store = cls(url, pool, observe_commit, notify_key)
             await store._sync.start()
         except BaseException as exc:
             await pool.close()
@@ -148,6 +170,9 @@ class PostgresStore(Writes):
 
     # -- replicas -------------------------------------------------------------------------------
 
+    def _unsure(self) -> None:
+        self._sync.reload_soon()
+
     async def refresh_node(self, name: str) -> NodeRecord | None:
         """The node as the database has it now: re-read into the view first (a node enrolled
         through another replica a moment ago, whose notice has not arrived yet). The view's
@@ -169,7 +194,7 @@ class PostgresStore(Writes):
     async def publish(self, topic: str, payload: str) -> None:
         if len(payload.encode()) > MAX_MESSAGE_BYTES or len(topic.encode()) > 200:
             raise ValueError(f"a store message is at most {MAX_MESSAGE_BYTES} bytes (topic 200)")
-        message = encode(self.replica_id, "message", topic, payload=payload)
+        message = encode(self._sender, "message", topic, next(self._messages), payload)
         try:
             async with self._pool.connection() as conn:
                 await conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, message))
@@ -245,7 +270,7 @@ class PostgresStore(Writes):
         return await self._enrollments.submit(Enrollment(token_id, node_name, decide))
 
     async def _enroll_flush(self, items: list[Enrollment]) -> list[NodeRecord | BaseException]:
-        done: Enrolled = await self._tx(lambda conn: enroll_batch(conn, items, self.replica_id), len(items))
+        done: Enrolled = await self._tx(lambda conn: enroll_batch(conn, items, self._sender), len(items))
         view = self._view
         for tid, (token, rev) in done.tokens.items():
             view.own(("token", tid), rev, functools.partial(view.set_token, tid, token))
@@ -258,7 +283,7 @@ class PostgresStore(Writes):
         return await self._appends.submit(Append(node, list(events)))
 
     async def _append_flush(self, items: list[Append]) -> list[int | BaseException]:
-        done: Appended = await self._tx(lambda conn: append_batch(conn, items, self.replica_id), len(items))
+        done: Appended = await self._tx(lambda conn: append_batch(conn, items, self._sender), len(items))
         for name, row in done.nodes.items():
             self._node_written(row, done.steps.get(name))
         return done.results

@@ -21,8 +21,8 @@ from dataclasses import astuple, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
+import tether.controller.store.base as base
 from tether.controller.errors import StoreError, check_generation
-from tether.controller.store import base
 from tether.controller.store.migrations import SQLITE_VERSION, migrate_sqlite
 from tether.controller.store.records import (
     AuditRecord,

@@ -26,8 +26,8 @@ from tests.pgscratch import ScratchCluster
 from tether.controller import admins
 from tether.controller.adminconf import AdminConfig
 from tether.controller.config import ControllerConfig
-from tether.controller.identity import load_identity, load_stored_identity
-from tether.controller.identity.keyfile import create_key_file, read_key_file
+from tether.controller.identity import load_identity, load_store_key, load_stored_identity
+from tether.controller.identity.keyfile import create_key_file, load_or_create_key, read_key_file
 from tether.controller.identity.stored import ROOT_KEY
 from tether.controller.secretbox import SecretBox
 from tether.controller.store import open_store
@@ -112,6 +112,30 @@ def test_a_revocation_by_the_cli_is_refused_by_every_replica_within_a_second(
     assert len([line for line in listed.splitlines()[1:] if line.strip()]) == 2  # one per replica
 
 
+def test_an_admin_whose_record_is_deleted_in_the_database_is_refused(
+    replicas: tuple[Controller, Controller], tmp_path: Path, pg_database: str
+) -> None:
+    """A database writer cannot undo a revocation by deleting the admin's record: the CA was made
+    in the store with the registry, so a certificate without a record is refused (as soon as a
+    replica reads the database again: here, once its listening connection is cut)."""
+    import psycopg
+
+    r1, r2 = replicas
+    confs = [_as(r1, r, tmp_path) for r in (r1, r2)]
+    assert all(_ctl(c, "env", "list").returncode == 0 for c in confs)
+    with psycopg.connect(pg_database, autocommit=True) as conn:
+        gone = conn.execute("DELETE FROM kv WHERE key = %s", ("identity/admins/" + _fingerprint(r1.config),))
+        assert gone.rowcount == 1
+        conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query = 'LISTEN tether'")
+    for conf in confs:
+        deadline = time.monotonic() + 3
+        while (out := _ctl(conf, "env", "list")).returncode == 0:
+            assert time.monotonic() < deadline, "still accepted"
+            time.sleep(0.1)
+        assert "not in the controller's admin registry" in out.stderr, out.stderr
+    assert _ctl(_as(r2, r1, tmp_path), "env", "list").returncode == 0  # r2's own certificate still works
+
+
 def test_another_key_file_stops_the_start_with_one_line(
     replicas: tuple[Controller, Controller], tmp_path: Path, pg_database: str
 ) -> None:
@@ -159,7 +183,7 @@ def test_pg_dump_holds_no_secret(
 
 async def _plant(url: str, key_file: Path, canary: bytes) -> tuple[bytes, str]:
     """Seal a canary as join material (as the orchestrator does); the box key and the CA key body."""
-    store = await open_store(url)
+    store = await open_store(url, notify_key=read_key_file(key_file))
     try:
         identity = await load_stored_identity(store, key_file, create=False)
         kv_key = "cluster/canary/material"
@@ -173,9 +197,12 @@ async def _plant(url: str, key_file: Path, canary: bytes) -> tuple[bytes, str]:
 async def test_concurrent_first_starts_on_postgresql_end_with_one_ca(
     pg_database: str, tmp_path: Path
 ) -> None:
-    stores = [await open_store(pg_database) for _ in range(4)]
+    path = tmp_path / "store.key"  # each start loads (the first one: creates) it before its store opens
+    keys = await asyncio.gather(*(asyncio.to_thread(load_or_create_key, path) for _ in range(4)))
+    stores = [await open_store(pg_database, notify_key=k.key) for k in keys]
     try:
-        found = await asyncio.gather(*(load_stored_identity(s, tmp_path / "store.key") for s in stores))
+        loads = (load_stored_identity(s, path, key=k) for s, k in zip(stores, keys, strict=True))
+        found = await asyncio.gather(*loads)
         assert len({i.ca.ca_hash for i in found}) == 1
         sealed = found[0].box.seal(b"x", "k")
         assert all(i.box.open(sealed, "k") == b"x" for i in found)
@@ -189,11 +216,14 @@ async def test_a_revocation_notice_reaches_another_replica_without_polling(
 ) -> None:
     monkeypatch.setattr(admins, "RELOAD_SECONDS", 3600.0)  # only the store's notice can tell it
     key_file = tmp_path / "store.key"
-    first, second = await open_store(pg_database), await open_store(pg_database)
+    config = ControllerConfig(tmp_path / "d", store=pg_database, store_key_file=key_file)
+    key = await load_store_key(config)
+    assert key is not None
+    first = await open_store(pg_database, notify_key=key.key)
+    second = await open_store(pg_database, notify_key=key.key)
     try:
-        config = ControllerConfig(tmp_path / "d", store=pg_database, store_key_file=key_file)
-        watching = await load_identity(config, first)
-        writer = await load_identity(config, second)
+        watching = await load_identity(config, first, key)
+        writer = await load_identity(config, second, key)
         _, bob = writer.ca.issue_admin("bob", "admin")
         await writer.admins.record("bob", "admin", bob)
         await _until(lambda: watching.admins.scope_of(bob.fingerprint) is not None)

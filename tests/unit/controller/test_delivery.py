@@ -4,7 +4,9 @@ on one store: what one replica does reaches the agent streaming to the other."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
+import zlib
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -18,9 +20,9 @@ from tether.controller.agent_service import plain
 from tether.controller.hub import Session
 from tether.controller.nodestate import node_state
 from tether.controller.replicas import intents
-from tether.controller.replicas.delivery import install
+from tether.controller.replicas.delivery import TOPIC, install
 from tether.controller.spec import load_document
-from tether.controller.store import SqliteStore
+from tether.controller.store import SqliteStore, StoreChange
 from tether.nodeagent.model import EventKind, HostFacts, Plan, Step, now_ms
 
 DOC = """\
@@ -222,6 +224,37 @@ def test_secrets_and_capabilities_never_travel() -> None:
     opened = wire.agent.Release(step="drain", digest="d", env={"RESULT": "done"})
     intent = intents.for_message("n1", wire.agent.ControllerMessage(release=opened))
     assert intent is not None and intents.message_of(intent).release == opened
+
+
+async def test_the_holder_hands_on_only_messages_that_may_travel(pair: tuple[Replica, Replica]) -> None:
+    """Defence in depth: a message intent that arrives (a correctly signed notice, or a bug) is
+    handed to the agent only if ``for_message`` could have sent it: no join material, no
+    capability, no answer meant for one stream, nothing that does not parse."""
+    _, b = pair
+    session = await streaming(b)
+    sent(session, "plan")
+
+    def carrying(msg: wire.agent.ControllerMessage) -> dict[str, Any]:
+        packed = base64.b64encode(zlib.compress(msg.SerializeToString())).decode()
+        return intents.Intent("n1", intents.MESSAGE, {"b": packed}).to_json()
+
+    release = wire.agent.Release(step="kubeadm-join", digest="d", secret_env={"TOKEN": "s3cret"})
+    refresh = wire.agent.Command(id="refresh-abcdef", task=wire.agent.RunTask())
+    welcome = wire.agent.Welcome(node_name="n1")
+    forbidden = [
+        wire.agent.ControllerMessage(release=release),
+        wire.agent.ControllerMessage(command=refresh),
+        wire.agent.ControllerMessage(welcome=welcome),
+        wire.agent.ControllerMessage(ack=wire.agent.Ack(seq=99)),
+    ]
+    notice = wire.agent.Notice(step="hello", message="fine")
+    docs = [carrying(m) for m in forbidden] + [{"n": "n1", "k": intents.MESSAGE, "b": "not base64!"}]
+    docs.append(carrying(wire.agent.ControllerMessage(notice=notice)))
+    b.delivery.on_store_change(StoreChange("message", TOPIC, payload=json.dumps(docs)))
+    got = []
+    while not session.outbox.empty():
+        got.append(session.outbox.get_nowait())
+    assert got == [wire.agent.ControllerMessage(notice=notice)]
 
 
 def test_intents_are_packed_under_the_payload_limit() -> None:

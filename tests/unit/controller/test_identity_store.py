@@ -27,6 +27,7 @@ from tether.controller.identity import (
     StoreAdmins,
     ensure_admin_conf,
     load_identity,
+    load_store_key,
     load_stored_identity,
 )
 from tether.controller.identity.admins import PREFIX
@@ -156,6 +157,30 @@ async def test_identity_source_refusals(store: SqliteStore, tmp_path: Path) -> N
     store.kind = "postgresql"
     with pytest.raises(KeyFileError, match="a postgresql store needs --store-key-file"):
         await load_identity(ControllerConfig(tmp_path / "d"), store)
+
+
+async def test_the_key_is_loaded_before_the_store_opens_and_a_new_one_is_undone_on_a_sealed_store(
+    store: SqliteStore, tmp_path: Path
+) -> None:
+    """A PostgreSQL store signs its notices with the key, so the server loads (or, the first
+    replica, creates) it before opening the store; a key file made by a start that then finds an
+    identity sealed with another key is removed again, and the start refused as before."""
+    first = ControllerConfig(tmp_path / "d1", store_key_file=tmp_path / "k1" / "store.key")
+    key = await load_store_key(first)
+    assert key is not None and key.created and read_key_file(tmp_path / "k1" / "store.key") == key.key
+    identity = await load_identity(first, store, key)
+    again = await load_store_key(first)
+    assert again is not None and not again.created and again.key == key.key
+    assert (await load_identity(first, store, again)).ca.ca_hash == identity.ca.ca_hash
+    second = ControllerConfig(tmp_path / "d2", store_key_file=tmp_path / "k2" / "store.key")
+    made = await load_store_key(second)
+    assert made is not None and made.created
+    with pytest.raises(KeyFileError, match="does not exist, and the store already holds"):
+        await load_identity(second, store, made)
+    assert not (tmp_path / "k2" / "store.key").exists()
+    with pytest.raises(KeyFileError, match="a postgresql store needs --store-key-file"):
+        await load_store_key(ControllerConfig(tmp_path / "d3", store="postgresql://db/tether"))
+    assert await load_store_key(ControllerConfig(tmp_path / "d3")) is None
 
 
 async def test_admin_conf_of_any_replica_is_recorded_in_the_shared_registry(

@@ -187,9 +187,9 @@ async def test_stream_opens_are_rate_limited_with_a_retry_hint(
 ) -> None:
     svc, _ = service
     for _ in range(int(NODE_CONNECTS_PER_MINUTE)):
-        assert svc._opening(object()) == ("n1", "fp-1")
+        assert await svc._opening(object()) == ("n1", "fp-1")
     with pytest.raises(ResourceExhausted) as exc:
-        svc._opening(object())
+        await svc._opening(object())
     assert exc.value.retry_after_s >= 1 and "retry in" in str(exc.value)
 
 

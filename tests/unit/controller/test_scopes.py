@@ -16,7 +16,7 @@ from tether.controller import admins, audit, wire
 from tether.controller.admins import AdminRegistry, parse_environments
 from tether.controller.auth import Authenticator, Kind, Principal
 from tether.controller.ca import ADMIN_SCOPE_URI_PREFIX, ADMIN_URI_PREFIX, CertificateAuthority
-from tether.controller.errors import InvalidArgument, PermissionDenied, Problem
+from tether.controller.errors import InvalidArgument, PermissionDenied, Problem, Unauthenticated
 from tether.controller.store import SqliteStore
 from tether.controller.store import base as store_base
 from tether.controller.store import sqlite as sqlite_store
@@ -103,6 +103,21 @@ def test_the_registry_records_the_scope_and_is_authoritative(
     path.write_text(json.dumps(doc))
     with pytest.raises(PermissionDenied, match="recorded"):
         auth.principal(Ctx(ci.cert_pem))  # even though the principal is cached
+
+
+def test_a_registry_that_records_every_certificate_refuses_one_it_has_no_record_of(
+    ca: CertificateAuthority,
+) -> None:
+    """The identity kept in the store: its CA was made with the registry, so an admin certificate
+    without a record lost it (deleted in the database to undo a revocation, say)."""
+    _, kept = ca.issue_admin("kept", "admin")
+    _, lost = ca.issue_admin("lost", "admin")
+    recorded = {kept.fingerprint: frozenset[str]()}
+    auth = Authenticator(ca, scope=recorded.get, recorded_only=True)
+    assert auth.principal(Ctx(kept.cert_pem)).name == "kept"
+    with pytest.raises(Unauthenticated, match="not in the controller's admin registry"):
+        auth.principal(Ctx(lost.cert_pem))
+    assert Authenticator(ca, scope=recorded.get).principal(Ctx(lost.cert_pem)).name == "lost"  # files: legacy
 
 
 def test_a_registry_written_before_scopes_reads_as_unscoped(tmp_path: Path, ca: CertificateAuthority) -> None:
