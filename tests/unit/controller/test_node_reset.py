@@ -33,19 +33,6 @@ async def store(tmp_path: Path) -> AsyncIterator[SqliteStore]:
     await s.close()
 
 
-async def test_delete_node_removes_its_record_steps_and_events_and_nothing_else(store: SqliteStore) -> None:
-    for name in ("n1", "n2"):
-        await enroll(store, name)
-        await store.set_node_plan(name, Plan.build([Step(name="a", script="true")]))
-        await store.append_events(name, [ev(1, EventKind.SUCCEEDED, "a"), ev(2)])
-    assert await store.delete_node("n1")
-    assert store.get_node("n1") is None
-    assert store.node_steps("n1") == [] and await store.list_events("n1") == [] and store.max_seq("n1") == 0
-    assert [n.name for n in store.list_nodes()] == ["n2"]
-    assert len(store.node_steps("n2")) == 1 and [e.seq for e in await store.list_events("n2")] == [1, 2]
-    assert not await store.delete_node("n1")  # gone already
-
-
 async def test_a_node_enrolled_again_after_delete_starts_a_fresh_history(store: SqliteStore) -> None:
     await enroll(store, "n1")
     await store.append_events("n1", [ev(1), ev(2), ev(3)])
