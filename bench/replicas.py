@@ -28,7 +28,6 @@ from bench import messages
 from bench.common import SERVER_CPUS, Figure, log
 from bench.scenarios import (
     CAPACITY_FLAGS,
-    ENROLL_CONCURRENCY,
     STORM_TIMEOUT,
     Sizes,
     burst,
@@ -40,10 +39,14 @@ from bench.scenarios import (
 )
 from bench.servers import Controller, Sims
 from tests.pgscratch import ScratchCluster, start_cluster
+from tether.controller.limits import ANONYMOUS_CONCURRENCY
 
 Emit = Callable[[Figure], object]
 STORE_ENROLLMENTS = {True: 600, False: 3000}  # by quick
 REPLICA_AGENTS = {True: 1000, False: 5000}  # the scale-out fleet and the failover storm, by quick
+# Enrollments in flight, all client processes together: the controller's slots for anonymous calls,
+# so none is refused for want of one; the same on either store.
+ENROLL_IN_FLIGHT = ANONYMOUS_CONCURRENCY
 
 
 class StoreController(Controller):
@@ -95,7 +98,7 @@ def _enroll(ctl: Controller, work: Path, label: str, count: int) -> tuple[list[s
                 "target": ctl.address,
                 "ca": str(ctl.ca_file),
                 "token": token,
-                "concurrency": ENROLL_CONCURRENCY,
+                "concurrency": max(1, ENROLL_IN_FLIGHT // nsims),
                 "out": str(ids / f"ids-{i}.jsonl"),
             },
             timeout=1800,
