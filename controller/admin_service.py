@@ -378,6 +378,8 @@ class AdminService(wire.AdminServiceServicer):
     @unary
     async def GetNode(self, request: wire.admin.GetNodeRequest, context: Any) -> wire.admin.Node:
         node = self._scoped_node(self._caller(context, write=False), request.name)
+        if self.app.store.kind != "sqlite" and self.app.hub.session(node.name) is None:
+            node = await self.app.store.refresh_node(node.name) or node  # health saved by another replica
         return self._node_pb(node, detail=True)
 
     @unary

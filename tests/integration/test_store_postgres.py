@@ -61,8 +61,8 @@ async def test_a_change_on_one_replica_reaches_the_other_within_a_second(pair: t
     assert [e.seq for e in await b.list_events("n1")] == [1, 2]
     await a.put_environment("e", "doc", "v", {"x": 1})
     await a.kv_put("k", b"v")
-    await a.update_node("n1", health={"ok": True})
-    await until(lambda: b.kv_get("k") == b"v" and b.get_node("n1").health == {"ok": True})  # type: ignore[union-attr]
+    await a.update_node("n1", agent_version="9.9")
+    await until(lambda: b.kv_get("k") == b"v" and b.get_node("n1").agent_version == "9.9")  # type: ignore[union-attr]
     assert b.get_environment("e") == a.get_environment("e") and b.get_revision("e", 1) is not None
     await a.delete_node("n1")
     await a.delete_environment("e")
@@ -412,3 +412,20 @@ async def test_a_message_notice_captured_and_sent_again_is_dropped(
 async def test_a_postgresql_store_needs_the_key_that_signs_its_notices(pg_database: str) -> None:
     with pytest.raises(StoreError, match="--store-key-file"):
         await open_store(pg_database)
+
+
+async def test_a_health_report_is_not_told_to_the_others_but_read_when_asked(pair: tuple[Store, Store]) -> None:
+    """One a minute per node, changing no state: no notice (each costs every other replica a re-read);
+    another replica reads it with refresh_node (node describe) or with the node's next change."""
+    a, b = pair
+    seen: list[StoreChange] = []
+    await enroll(a, "n1")
+    await until(lambda: b.get_node("n1") is not None)
+    b.subscribe(seen.append)
+    await a.update_node("n1", health={"ok": True}, last_seen_ms=5)
+    await a.kv_put("marker", b"1")  # notices arrive in order: once this one is in, so is any before it
+    await until(lambda: b.kv_get("marker") == b"1")
+    assert [c.kind for c in seen] == ["kv"]
+    assert b.get_node("n1").health == {}  # type: ignore[union-attr]
+    refreshed = await b.refresh_node("n1")
+    assert refreshed is not None and refreshed.health == {"ok": True} and refreshed.last_seen_ms == 5
