@@ -414,7 +414,9 @@ async def test_a_postgresql_store_needs_the_key_that_signs_its_notices(pg_databa
         await open_store(pg_database)
 
 
-async def test_a_health_report_is_not_told_to_the_others_but_read_when_asked(pair: tuple[Store, Store]) -> None:
+async def test_a_health_report_is_not_told_to_the_others_but_read_when_asked(
+    pair: tuple[Store, Store],
+) -> None:
     """One a minute per node, changing no state: no notice (each costs every other replica a re-read);
     another replica reads it with refresh_node (node describe) or with the node's next change."""
     a, b = pair
