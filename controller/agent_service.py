@@ -91,7 +91,8 @@ class AgentService(wire.AgentServiceServicer):
             if enrollment.is_retry(ask, token, existing) and not self.quotas.renewal(ask.node_name):
                 # The same key again is a new certificate: as rare as a renewal.
                 raise ResourceExhausted("this node asked for certificates too often; try again later", 600.0)
-            issued = app.ca.sign_node_csr(request.csr_pem, ask.node_name, app.config.node_cert_days)
+            days = app.config.node_cert_days
+            issued = app.ca.sign_node_csr(ask.csr.csr, ask.node_name, days, public_key=ask.csr.public_key)
             moved = enrollment.elsewhere(token, existing)
             if moved is not None:  # another environment's revoked node: forgotten, as node delete does
                 await self.resets.forget(moved)

@@ -11,7 +11,9 @@ URI SAN per environment, ``spiffe://tether/admin-environment/ENV`` (none: every 
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
+import hashlib
 import ipaddress
 import socket
 from collections.abc import Sequence
@@ -21,6 +23,7 @@ from pathlib import Path
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.hazmat.primitives.asymmetric.types import CertificatePublicKeyTypes
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from tether.controller.errors import InvalidArgument
@@ -55,6 +58,14 @@ def _pem(cert: x509.Certificate) -> bytes:
     return cert.public_bytes(serialization.Encoding.PEM)
 
 
+def _pem_of_der(der: bytes) -> bytes:
+    """What ``_pem`` gives, from the DER already at hand (a certificate is encoded anew on
+    every ``public_bytes``): base64 in lines of 64 between the CERTIFICATE armour lines."""
+    b64 = base64.b64encode(der)
+    lines = [b64[i : i + 64] for i in range(0, len(b64), 64)]
+    return b"-----BEGIN CERTIFICATE-----\n" + b"\n".join(lines) + b"\n-----END CERTIFICATE-----\n"
+
+
 def _key_usage(*, cert_sign: bool = False) -> x509.KeyUsage:
     return x509.KeyUsage(
         digital_signature=True,
@@ -67,6 +78,12 @@ def _key_usage(*, cert_sign: bool = False) -> x509.KeyUsage:
         encipher_only=False,
         decipher_only=False,
     )
+
+
+# The extensions every leaf certificate carries, made once (they are immutable).
+_LEAF = x509.BasicConstraints(ca=False, path_length=None)
+_LEAF_USAGE = _key_usage()
+_CLIENT_AUTH = x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH])
 
 
 @dataclass(frozen=True)
@@ -87,6 +104,17 @@ class CertificateAuthority:
         self.cert = cert
         self.cert_pem = _pem(cert)
         self.ca_hash = spki_hash(cert)
+        # What every certificate it signs says of it, and the extensions every one carries first
+        # (in this order), set once: a builder is immutable, each call below starts from this one.
+        self._leaf = (
+            x509.CertificateBuilder()
+            .issuer_name(cert.subject)
+            .add_extension(_LEAF, critical=True)
+            .add_extension(_LEAF_USAGE, critical=True)
+            .add_extension(
+                x509.AuthorityKeyIdentifier.from_issuer_public_key(key.public_key()), critical=False
+            )
+        )
 
     def __repr__(self) -> str:
         return f"CertificateAuthority(ca_hash={self.ca_hash!r})"
@@ -147,26 +175,20 @@ class CertificateAuthority:
     def _builder(self, subject: str, public_key: object, days: float) -> x509.CertificateBuilder:
         now = _now()
         return (
-            x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
-            .issuer_name(self.cert.subject)
+            self._leaf.subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
             .public_key(public_key)  # type: ignore[arg-type]
             .serial_number(x509.random_serial_number())
             .not_valid_before(now - backdate(days))
             .not_valid_after(now + dt.timedelta(days=days))
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(_key_usage(), critical=True)
-            .add_extension(
-                x509.AuthorityKeyIdentifier.from_issuer_public_key(self._key.public_key()), critical=False
-            )
         )
 
     def _issue(self, builder: x509.CertificateBuilder) -> IssuedCert:
         cert = builder.sign(self._key, hashes.SHA256())
+        der = cert.public_bytes(serialization.Encoding.DER)  # once, for the PEM and the fingerprint
         return IssuedCert(
-            cert_pem=_pem(cert),
+            cert_pem=_pem_of_der(der),
             serial=cert.serial_number,
-            fingerprint=fingerprint(cert),
+            fingerprint=hashlib.sha256(der).hexdigest(),  # as fingerprint(cert)
             not_after_ms=int(cert.not_valid_after_utc.timestamp() * 1000),
         )
 
@@ -192,14 +214,27 @@ class CertificateAuthority:
         issued = self._issue(builder)
         return key_pem, issued.cert_pem + self.cert_pem
 
-    def sign_node_csr(self, csr_pem: bytes, node_name: str, days: float) -> IssuedCert:
-        try:
-            csr = x509.load_pem_x509_csr(csr_pem)
-        except ValueError as exc:
-            raise InvalidArgument(f"invalid CSR: {exc}") from exc
+    def sign_node_csr(
+        self,
+        csr_pem: bytes | x509.CertificateSigningRequest,
+        node_name: str,
+        days: float,
+        *,
+        public_key: CertificatePublicKeyTypes | None = None,
+    ) -> IssuedCert:
+        """A node certificate for the CSR's key, after its signature is checked (the node holds
+        the key). ``Enroll`` reads the CSR once: it passes it parsed, with its ``public_key()``."""
+        if isinstance(csr_pem, x509.CertificateSigningRequest):
+            csr = csr_pem
+        else:
+            try:
+                csr = x509.load_pem_x509_csr(csr_pem)
+            except ValueError as exc:
+                raise InvalidArgument(f"invalid CSR: {exc}") from exc
         if not csr.is_signature_valid:
             raise InvalidArgument("invalid CSR: bad signature")
-        public_key = csr.public_key()
+        if public_key is None:
+            public_key = csr.public_key()
         if isinstance(public_key, rsa.RSAPublicKey) and public_key.key_size < 2048:
             raise InvalidArgument("invalid CSR: RSA keys must have at least 2048 bits")
         if not isinstance(public_key, (ec.EllipticCurvePublicKey, rsa.RSAPublicKey)):
@@ -210,7 +245,7 @@ class CertificateAuthority:
                 x509.SubjectAlternativeName([x509.UniformResourceIdentifier(NODE_URI_PREFIX + node_name)]),
                 critical=False,
             )
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+            .add_extension(_CLIENT_AUTH, critical=False)
         )
         return self._issue(builder)
 

@@ -7,15 +7,18 @@ and the "already enrolled" refusal (the node it enrolled is itself).
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import hashlib
 import hmac
 import re
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from cryptography import x509
 from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.types import CertificatePublicKeyTypes
 
 from tether.controller import tokens, wire
 from tether.controller.ca import IssuedCert
@@ -48,18 +51,54 @@ class EnrollAsk:
     expect_environment: str
     expect_role: str
     facts: dict[str, Any]
+    # The CSR and its key, read once: the key hashed here, the signature checked where it is signed.
+    csr: ReadCsr = field(repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class ReadCsr:
+    """A CSR read once, with its public key and that key's hash (reading the key costs as much as
+    signing's own work on the request, and it is needed twice: for the hash and the certificate)."""
+
+    csr: x509.CertificateSigningRequest
+    public_key: CertificatePublicKeyTypes
+    key_hash: str  # SHA-256 of the public key (SubjectPublicKeyInfo DER): the node's identity key
+
+
+def read_csr(csr_pem: bytes) -> ReadCsr:
+    """The CSR, its public key and the key's hash; InvalidArgument when it cannot be read."""
+    try:
+        csr = x509.load_pem_x509_csr(csr_pem)
+        key = csr.public_key()
+        der = key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    except (ValueError, UnsupportedAlgorithm) as exc:  # the key is read only here: a bad one too
+        raise InvalidArgument(f"invalid CSR: {exc}") from None
+    return ReadCsr(csr, key, hashlib.sha256(der).hexdigest())
 
 
 def csr_key_hash(csr_pem: bytes) -> str:
     """SHA-256 of the CSR's public key (SubjectPublicKeyInfo DER): the node's identity key."""
-    try:
-        csr = x509.load_pem_x509_csr(csr_pem)
-        der = csr.public_key().public_bytes(
-            serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
-        )
-    except (ValueError, UnsupportedAlgorithm) as exc:  # the key is read only here: a bad one too
-        raise InvalidArgument(f"invalid CSR: {exc}") from None
-    return hashlib.sha256(der).hexdigest()
+    return read_csr(csr_pem).key_hash
+
+
+# Leaves ``copy.deepcopy`` returns as they are (``dataclasses.asdict`` deep-copies every leaf).
+_ATOMIC = (str, int, float, bool, bytes, type(None))
+
+
+def as_dict(value: Any) -> Any:
+    """``dataclasses.asdict``, the same result (nested records as dicts, tuples kept tuples,
+    containers copied) without deep-copying the strings and numbers it is made of."""
+    if type(value) in _ATOMIC:
+        return value
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: as_dict(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a named tuple, as asdict does
+        return type(value)(*[as_dict(v) for v in value])
+    if isinstance(value, (list, tuple)):
+        return type(value)(as_dict(v) for v in value)
+    if isinstance(value, dict):
+        return type(value)((as_dict(k), as_dict(v)) for k, v in value.items())
+    return copy.deepcopy(value)
 
 
 def node_name(raw: str) -> str:
@@ -76,14 +115,16 @@ def parse(request: wire.agent.EnrollRequest) -> EnrollAsk:
     """Form checks only: the name, the token's shape (TokenRejected), the CSR (InvalidArgument)."""
     name = node_name(request.node_name)
     token_id, secret_part = tokens.parse(Secret(request.token))
+    csr = read_csr(request.csr_pem)
     return EnrollAsk(
         node_name=name,
         token_id=token_id,
         secret_part=secret_part,
-        key_hash=csr_key_hash(request.csr_pem),
+        key_hash=csr.key_hash,
         expect_environment=request.expect_environment,
         expect_role=request.expect_role,
-        facts=asdict(wire.facts_from_pb(request.facts)),
+        facts=as_dict(wire.facts_from_pb(request.facts)),
+        csr=csr,
     )
 
 

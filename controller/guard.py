@@ -93,6 +93,7 @@ class Guard(grpc.aio.ServerInterceptor):
         self._streams = asyncio.Semaphore(concurrency)  # long-lived: they must not starve Enroll
         self._enroll = enroll or TokenBucket(rate=ENROLL_RATE_PER_SECOND, burst=ENROLL_BURST)
         self._refusals = refusals
+        self._wrapped: dict[str, tuple[Handler, Handler]] = {}
 
     async def intercept_service(
         self,
@@ -103,7 +104,13 @@ class Guard(grpc.aio.ServerInterceptor):
         method: str = details.method
         if handler is None or method not in self._methods:
             return handler
-        return self._wrap(handler, method)
+        # The wrapper holds no state of a call: one per method, made again if the handler changes.
+        cached = self._wrapped.get(method)
+        if cached is not None and cached[0] is handler:
+            return cached[1]
+        wrapped = self._wrap(handler, method)
+        self._wrapped[method] = (handler, wrapped)
+        return wrapped
 
     def _wrap(self, handler: Handler, method: str) -> Handler:
         parse = _bounded(handler.request_deserializer, self._message_bytes)
@@ -189,7 +196,10 @@ class Guard(grpc.aio.ServerInterceptor):
     ) -> AsyncIterator[None]:
         """One of the guard's slots for the call, or the call refused after a short wait."""
         try:
-            await asyncio.wait_for(semaphore.acquire(), self._wait)
+            if semaphore.locked():
+                await asyncio.wait_for(semaphore.acquire(), self._wait)
+            else:  # a free slot is taken at once: no task, no timer, no extra turn of the loop
+                await semaphore.acquire()
         except TimeoutError:
             message = (
                 "too many calls open to the anonymous enrollment identity in progress "
