@@ -223,6 +223,7 @@ def admin_command(args: argparse.Namespace) -> int:
     """``tether-controller admin issue|list|revoke``: run on the controller's host, as its user."""
     from tether.controller.admins import AdminRegistry
     from tether.controller.errors import ControllerError
+    from tether.controller.identity.cli import print_admins, print_revoked
 
     if args.store or args.store_key_file is not None:
         from tether.controller.identity.cli import admin_store_command
@@ -240,20 +241,13 @@ def admin_command(args: argparse.Namespace) -> int:
         if args.verb == "issue":
             return issue_admin(args, registry)
         if args.verb == "list":
-            print(f"{'NAME':<24} {'ROLE':<10} {'FINGERPRINT':<16} {'EXPIRES':<25} {'REVOKED':<25} SCOPE")
-            for e in registry.entries():
-                revoked_at, scope = e.revoked_at or "-", ",".join(e.environments) or "*"
-                print(
-                    f"{e.name:<24} {e.role:<10} {e.fingerprint[:16]:<16} {e.not_after:<25} {revoked_at:<25} "
-                    f"{scope}"
-                )
+            print_admins(registry.entries())
             return 0
         revoked = registry.revoke(name=args.name, fingerprint=args.fingerprint)
     except ControllerError as exc:
         print(f"tether-controller: {exc}", file=sys.stderr)
         return 1
-    for e in revoked:
-        print(f"revoked {e.fingerprint[:16]} ({e.role or 'unknown role'} access for {e.name!r})")
+    print_revoked(revoked)
     return 0
 
 
@@ -262,6 +256,7 @@ def issue_admin(args: argparse.Namespace, registry: AdminRegistry) -> int:
     from tether.controller.adminconf import AdminConfig
     from tether.controller.admins import parse_environments
     from tether.controller.ca import CertificateAuthority
+    from tether.controller.identity.cli import print_issued
 
     environments = parse_environments(args.environments)
     ca = CertificateAuthority.load_or_create(args.data_dir / "pki")
@@ -271,9 +266,7 @@ def issue_admin(args: argparse.Namespace, registry: AdminRegistry) -> int:
     AdminConfig(address, ca.ca_hash, ca.cert_pem, issued.cert_pem, key_pem, args.name, args.role).write(
         args.out
     )
-    scope = f" (environments {', '.join(environments)})" if environments else ""
-    who = f"{args.role} access for {args.name!r}{scope}"
-    print(f"wrote {args.out}: {who} to {address} ({issued.fingerprint[:16]})")
+    print_issued(args, environments, address, issued.fingerprint)
     return 0
 
 

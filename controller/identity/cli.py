@@ -71,8 +71,7 @@ async def _run(args: argparse.Namespace) -> int:
         elif args.verb == "list":
             print_admins(identity.admins.entries())
         else:
-            for e in await identity.admins.revoke(name=args.name, fingerprint=args.fingerprint):
-                print(f"revoked {e.fingerprint[:16]} ({e.role or 'unknown role'} access for {e.name!r})")
+            print_revoked(await identity.admins.revoke(name=args.name, fingerprint=args.fingerprint))
     finally:
         await store.close()
     return 0
@@ -98,6 +97,17 @@ def print_admins(entries: Iterable[AdminEntry]) -> None:
         )
 
 
+def print_revoked(entries: Iterable[AdminEntry]) -> None:
+    for e in entries:
+        print(f"revoked {e.fingerprint[:16]} ({e.role or 'unknown role'} access for {e.name!r})")
+
+
+def print_issued(args: argparse.Namespace, environments: list[str], address: str, fingerprint: str) -> None:
+    """What ``admin issue`` wrote (the certificate's fingerprint prefix; never its key)."""
+    scope = f" (environments {', '.join(environments)})" if environments else ""
+    print(f"wrote {args.out}: {args.role} access for {args.name!r}{scope} to {address} ({fingerprint[:16]})")
+
+
 async def _issue(args: argparse.Namespace, identity: Identity, store: Store) -> None:
     """Sign an admin certificate with the shared CA, record it, write a complete admin config."""
     environments = parse_environments(args.environments)
@@ -107,9 +117,7 @@ async def _issue(args: argparse.Namespace, identity: Identity, store: Store) -> 
     await identity.admins.record(args.name, args.role, issued, environments)
     conf = AdminConfig(address, ca.ca_hash, ca.cert_pem, issued.cert_pem, key_pem, args.name, args.role)
     await asyncio.to_thread(conf.write, args.out)
-    scope = f" (environments {', '.join(environments)})" if environments else ""
-    who = f"{args.role} access for {args.name!r}{scope}"
-    print(f"wrote {args.out}: {who} to {address} ({issued.fingerprint[:16]})")
+    print_issued(args, environments, address, issued.fingerprint)
 
 
 def _address(args: argparse.Namespace, store: Store) -> str:
