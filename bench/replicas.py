@@ -32,6 +32,7 @@ from bench.scenarios import (
     Sizes,
     burst,
     connect,
+    count_storm,
     enroll_span,
     names,
     split,
@@ -335,17 +336,4 @@ def _verify_pg(ctl: StoreController, reports: dict[str, list[int]]) -> tuple[int
     url = next(ctl.extra[i + 1] for i, v in enumerate(ctl.extra) if v == "--store")
     with psycopg.connect(url) as conn:
         rows = conn.execute("SELECT node, seq, body FROM events WHERE step = 'custom-storm'").fetchall()
-    lost = dup = checked = 0
-    by_node: dict[str, dict[int, int]] = {}
-    for node, seq, body in rows:
-        k = int(str(json.loads(body)["message"]).split()[1])
-        seen = by_node.setdefault(node, {})
-        if k in seen:
-            dup += 1
-        seen[k] = seq
-    for node, (first, count, _next) in reports.items():
-        seen = by_node.get(node, {})
-        checked += count
-        lost += sum(1 for k in range(count) if seen.get(k) != first + k)
-        dup += sum(1 for k in seen if k >= count)
-    return lost, dup, checked
+    return count_storm([(node, seq, json.loads(body)["message"]) for node, seq, body in rows], reports)

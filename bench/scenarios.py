@@ -620,11 +620,17 @@ def emit_fleet(
 
 def verify_storm(ctl: Controller, reports: dict[str, list[int]]) -> tuple[int, int, int]:
     """Every periodic event an agent made is in the store exactly once, under the seq it was given."""
-    lost = dup = checked = 0
     with ctl.db() as db:
         rows = db.execute(
             "SELECT node, seq, json_extract(body, '$.message') FROM events WHERE step='custom-storm'"
         ).fetchall()
+    return count_storm(rows, reports)
+
+
+def count_storm(rows: list[tuple[str, int, str]], reports: dict[str, list[int]]) -> tuple[int, int, int]:
+    """(lost, duplicated, checked) from the stored (node, seq, message) rows of the periodic events
+    and what each agent reports it made (its first seq, its count)."""
+    lost = dup = checked = 0
     by_node: dict[str, dict[int, int]] = {}
     for node, seq, message in rows:
         k = int(str(message).split()[1])
