@@ -264,8 +264,10 @@ class Orchestrator:
 
     async def forget_node(self, environment: str, node: str) -> None:
         """A machine enrolled afresh under this name (re-imaged): it has joined nothing yet."""
-        await self._store.kv_delete(_key(environment, f"labelled/{node}"))
-        await self._store.kv_delete(_key(environment, f"member/{node}"))
+        for mark in (f"labelled/{node}", f"member/{node}"):
+            key = _key(environment, mark)
+            if self._store.kv_get(key) is not None:  # a name never seen before has neither: no write
+                await self._store.kv_delete(key)
         self._labelling.pop(node, None)
         self._drain.forget(node)
         await self._free_join_slot(environment, node)
