@@ -54,6 +54,8 @@ SERVICE_NAMES = (
     admin_pb2.DESCRIPTOR.services_by_name["AdminService"].full_name,
     agent_pb2.DESCRIPTOR.services_by_name["AgentService"].full_name,
 )
+AGENT_SERVICE = agent_pb2.DESCRIPTOR.services_by_name["AgentService"].full_name
+AGENT_METHODS = tuple(m.name for m in agent_pb2.DESCRIPTOR.services_by_name["AgentService"].methods)
 
 
 def environment_to_pb(
