@@ -42,6 +42,7 @@ OPEN_METHODS = frozenset(
     {
         ENROLL,
         "/grpc.health.v1.Health/Check",
+        "/grpc.health.v1.Health/List",
         "/grpc.health.v1.Health/Watch",
         "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
         "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",

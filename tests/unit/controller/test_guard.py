@@ -184,3 +184,20 @@ def test_the_enrollment_rate_follows_the_serve_flag(tmp_path: Path) -> None:
     bucket = enroll_bucket(ControllerConfig(data_dir=tmp_path, enroll_rate_per_second=args.enroll_rate))
     assert bucket.rate == 500 and sum(bucket.take(now=bucket.stamp) for _ in range(600)) == 500
     assert _parser().parse_args(["serve"]).enroll_rate == 50.0
+
+
+def test_every_method_of_health_and_reflection_is_guarded() -> None:
+    """Health and reflection answer anyone: each of their methods (grpcio-health-checking added
+    Health/List in 1.62) gets the anonymous size and concurrency limits, none slips past them."""
+    from grpc_health.v1 import health_pb2
+    from grpc_reflection.v1alpha import reflection_pb2
+
+    from tether.controller.guard import OPEN_METHODS
+
+    services = [
+        health_pb2.DESCRIPTOR.services_by_name["Health"],
+        reflection_pb2.DESCRIPTOR.services_by_name["ServerReflection"],
+    ]
+    methods = {f"/{s.full_name}/{m.name}" for s in services for m in s.methods}
+    assert "/grpc.health.v1.Health/List" in methods
+    assert methods <= OPEN_METHODS
