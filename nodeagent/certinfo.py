@@ -9,9 +9,14 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import re
 from dataclasses import dataclass
 
 from tether.nodeagent.errors import IdentityError
+
+# YYYYMMDDHHMMSSZ, read field by field (``strptime`` would load ``_strptime`` and its locale tables
+# into every agent for one fixed format).
+_DER_TIME = re.compile(r"([0-9]{4})([0-9]{2})([0-9]{2})([0-9]{2})([0-9]{2})([0-9]{2})Z")
 
 
 @dataclass(frozen=True)
@@ -82,5 +87,9 @@ def _time(der: bytes, pos: int) -> tuple[dt.datetime, int]:
         text = f"{1900 + year if year >= 50 else 2000 + year}{text[2:]}"
     elif tag != 0x18:  # GeneralizedTime YYYYMMDDHHMMSSZ
         raise ValueError(f"expected a DER time at {pos}, found tag {tag:#x}")
-    when = dt.datetime.strptime(text, "%Y%m%d%H%M%SZ").replace(tzinfo=dt.timezone.utc)
+    fields = _DER_TIME.fullmatch(text)
+    if fields is None:
+        raise ValueError(f"expected a DER time at {pos}, found {text!r}")
+    year, month, day, hour, minute, second = (int(f) for f in fields.groups())
+    when = dt.datetime(year, month, day, hour, minute, second, tzinfo=dt.timezone.utc)
     return when, end

@@ -26,8 +26,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from tether.nodeagent.controllers import merged, parse_addresses
 from tether.nodeagent.errors import ConfigError
 from tether.nodeagent.identity import IdentityStore, normalize_ca_hash, read_private
@@ -93,6 +91,8 @@ def load(path: Path | None, overrides: Mapping[str, Any], env: Mapping[str, str]
     problems: list[str] = []
     values: dict[str, Any] = {}
     if path is not None:
+        import yaml  # only for a config file: an agent run with flags alone never loads it
+
         try:
             doc = yaml.safe_load(path.read_text()) or {}
         except (OSError, yaml.YAMLError) as exc:

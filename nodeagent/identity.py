@@ -13,21 +13,23 @@ import json
 import os
 import re
 import socket
-import ssl
 import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tether.nodeagent import anonymous
 from tether.nodeagent.errors import ControllerUnavailable, IdentityError
 
 if TYPE_CHECKING:
+    import ssl
+
     from cryptography import x509
 
 # ``cryptography`` is imported where it is used (enrolling, renewing): an enrolled agent that
-# only streams never loads it (about 10 MB resident on a node).
+# only streams never loads it (about 10 MB resident on a node). ``ssl`` too: only
+# ``fetch_controller_ca`` needs it, before enrolling; gRPC carries its own TLS (and see
+# ``tether.nodeagent.noopenssl``).
 
 # Every controller certificate carries this DNS name; clients verify it instead
 # of whatever address they dialled, so one CA pin works from every network.
@@ -110,7 +112,11 @@ def fetch_controller_ca(address: str, expected_hash: str, *, timeout: float = 10
     whose public key hashes to ``expected_hash`` (and which signed the
     presented server certificate) is kept.
     """
+    import ssl
+
     from cryptography.hazmat.primitives import serialization
+
+    from tether.nodeagent import anonymous
 
     host, port = split_address(address)
     pin = normalize_ca_hash(expected_hash)

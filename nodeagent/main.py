@@ -18,6 +18,11 @@ A flag wins over the config file; see ``tether.nodeagent.config`` for the whole 
 
 from __future__ import annotations
 
+# isort: off
+# First, before anything imports asyncio or hashlib: neither loads OpenSSL (see its docstring).
+from tether.nodeagent import noopenssl  # noqa: F401
+
+# isort: on
 import argparse
 import asyncio
 import contextlib

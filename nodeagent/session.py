@@ -25,16 +25,15 @@ import sqlite3
 import time
 from collections.abc import Coroutine, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from tether.nodeagent import __version__, bundlefetch, deprovision, facts, logs, systemd, textfile, wire
+from tether.nodeagent import __version__, facts, logs, systemd, wire
 from tether.nodeagent.certinfo import read_certinfo
 from tether.nodeagent.channel import secure_channel
 from tether.nodeagent.config import AgentConfig
 from tether.nodeagent.controllers import Rotation, welcome_addresses
-from tether.nodeagent.enroll import enroll
 from tether.nodeagent.errors import (
     AgentError,
     ControllerUnavailable,
@@ -59,6 +58,14 @@ from tether.nodeagent.statedb import DB_NAME, StateDB, state_error
 from tether.nodeagent.supervise import Supervisor, local_fault
 from tether.nodeagent.upgrade import Install
 from tether.nodeagent.upgrader import Upgrader
+
+if TYPE_CHECKING:
+    from tether.nodeagent.textfile import TextfileWriter
+
+# What an enrolled agent does not do while it runs its plan and reports (enrolling, a reset's
+# removal, an upgrade's download, the metrics textfile when not configured) is imported where it
+# is done: every module an idle agent holds costs it resident memory (docs/performance.md, the
+# agent footprint; tests/unit/nodeagent/test_footprint.py lists them).
 
 log = logs.get_logger("tether.agent")
 
@@ -139,7 +146,11 @@ class Agent:
         self._secrets_serial = 0
         self._streaming = False
         self.last_connected = 0.0  # Unix time the stream was last seen up (the metrics textfile)
-        self.textfile = textfile.TextfileWriter(config.metrics_textfile) if config.metrics_textfile else None
+        self.textfile: TextfileWriter | None = None
+        if config.metrics_textfile:
+            from tether.nodeagent.textfile import TextfileWriter
+
+            self.textfile = TextfileWriter(config.metrics_textfile)
         self._ready_sent = False
         self.supervisor = Supervisor(self.state_dir)
         self._renewal = RenewalRule()
@@ -228,6 +239,8 @@ class Agent:
     async def _finish_reset(self, plan: Plan) -> None:
         """Every step of a reset plan ran: say so, wait (bounded) until the controller holds it,
         then stop the agent, which removes itself (``_remove_self``)."""
+        from tether.nodeagent import deprovision
+
         self._reset_reported = True
         self.executor.emit(
             Event(
@@ -249,6 +262,8 @@ class Agent:
 
     async def _remove_self(self) -> None:
         """Remove the unit, install, config and state (the state database is closed by now)."""
+        from tether.nodeagent import deprovision
+
         node = self.identity.node_name if self.identity else "this node"
         removal = await asyncio.to_thread(
             deprovision.plan_removal, self.state_dir, self.config_file, install=Install.find()
@@ -268,6 +283,8 @@ class Agent:
         await self._no_task.wait()
 
     async def _fetch_bundle(self, target: AgentTarget, dest: Path) -> None:
+        from tether.nodeagent import bundlefetch
+
         await bundlefetch.fetch(self.controllers.current, self.identities.load(), target, dest)
 
     async def _run_plan(self) -> None:
@@ -330,6 +347,8 @@ class Agent:
             identity = self.identities.load()
             log.info("using stored identity", node=identity.node_name, environment=identity.environment)
             return identity
+        from tether.nodeagent.enroll import enroll
+
         self._set_state(AgentState.ENROLLING)
         while True:
             try:
@@ -678,6 +697,8 @@ class Agent:
         """The metrics textfile, when configured (a failure is logged by the writer, once)."""
         if self.textfile is None:
             return
+        from tether.nodeagent import textfile
+
         if self._streaming:
             self.last_connected = time.time()
         plan, identity = self.executor.plan, self.identity

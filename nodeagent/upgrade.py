@@ -23,14 +23,12 @@ This module is the state on disk and the decisions; the download is ``tether.nod
 
 from __future__ import annotations
 
-import compileall
 import contextlib
 import json
 import os
 import platform
 import shutil
 import sys
-import tarfile
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
@@ -203,6 +201,9 @@ def check_manifest(doc: Mapping[str, object], target: AgentTarget) -> None:
 def stage(install: Install, target: AgentTarget, archive: Path) -> str:
     """Unpack ``archive`` (already checked against the target's SHA-256) beside the running bundle;
     returns its id. A bundle of that id already unpacked is used as it is."""
+    import compileall  # here, not at the top: an agent that is not upgrading holds neither
+    import tarfile
+
     bid = bundle_id(target.sha256)
     if bid == install.bundle_id:
         raise UpgradeError("the plan's bundle is the one running", retryable=False)
