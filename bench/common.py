@@ -136,6 +136,17 @@ class Proc:
         except OSError:
             return -1
 
+    def open_files_limit(self) -> int:
+        """Its soft open-files limit (``Max open files`` in /proc/PID/limits); -1 if unknown."""
+        try:
+            for line in Path(f"/proc/{self.pid}/limits").read_text().splitlines():
+                if line.startswith("Max open files"):
+                    soft = line.split()[3]
+                    return -1 if soft == "unlimited" else int(soft)
+        except (OSError, ValueError, IndexError):
+            pass
+        return -1
+
     def alive(self) -> bool:
         return self.popen.poll() is None
 

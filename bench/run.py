@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "proto"))  # the
 
 from bench import replicas
 from bench.common import CLIENT_CPUS, SERVER_CPUS, Proc, emit, log
-from bench.scenarios import FULL, QUICK, run_agent_only, run_bare, run_controller, run_flood
+from bench.scenarios import FULL, QUICK, check_open_files, run_agent_only, run_bare, run_controller, run_flood
 
 
 def main() -> int:
@@ -69,6 +69,8 @@ def main() -> int:
     elif args.only == "replicas":
         replicas.run_replicas(work, sizes, args.quick, emit)
     else:
+        limit = check_open_files(sizes)
+        log(f"open-files limit {limit} (servers and clients): {sizes.agents} agents at once")
         bare = run_bare(work, sizes)
         run_controller(work, sizes, bare, args.quick, emit)
         run_flood(work, sizes, emit)

@@ -3,13 +3,16 @@
 One fleet per server: N simulated agents connect (capacity: RSS, CPU and heartbeats per
 CPU-second in a steady window); the first ``storm_agents`` of them stay connected while a few
 other agents stream output (events); then those connected agents emit events, the server is
-killed with ``kill -9`` and restarted on the same port (reconnect storm). The controller's
-fleet enrolls for real first (enrollment rate), and a real agent runs a 50-step plan last.
+killed with ``kill -9`` and restarted on the same port (reconnect storm; on the controller an
+admin runs ``tetherctl node list`` all along, bench/prober.py). The controller's fleet enrolls
+for real first (enrollment rate), and a real agent runs a 50-step plan last.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import resource
 import statistics
 import subprocess
 import time
@@ -21,7 +24,9 @@ from typing import Any
 
 from bench import agent, messages
 from bench.common import BIN, SERVER_CPUS, Figure, Proc, log
+from bench.prober import MIN_WINDOW_S, AdminProber, StormProbes, node_list_figure
 from bench.servers import MAX_AGENTS_PER_SIM, Bare, Controller, Server, Sims
+from bench.stats import p99
 from tether.controller.limits import QUOTA_PAUSE_SECONDS
 
 GIB_MIB = 2048
@@ -29,7 +34,16 @@ ENROLL_CONCURRENCY = 16  # enrollments in flight per client process
 CONNECT_CONCURRENCY = 64  # TLS handshakes in flight per client process while a fleet first comes up
 EVENT_LINES = 100  # lines per output event (the agent's runner sends up to 500 every 0.25 s)
 EVENT_WINDOW = 4  # output events an agent has sent and not yet seen acknowledged
-STORM_TIMEOUT = 150.0  # seconds for every agent to re-attach before the storm counts as failed
+# Seconds for every agent to re-attach (and then for every outbox to drain) before the storm counts
+# as failed: 10x the target, so a slow storm on a loaded machine still gives its time.
+STORM_TIMEOUT = 300.0
+STORM_TARGET_S = 30.0  # every storm agent re-attached within this long after the kill
+CAPACITY_AGENTS = 15_000  # connected at once for capacity.controller_rss_mib (the full run's fleet)
+RSS_PER_AGENT_TARGET = 1.15  # the controller's RSS per connected agent / the bare server's
+# Open files the server holds besides one socket per agent: the store (database, WAL, shared
+# memory), listening sockets, its log, stdio, gRPC's and the event loop's own descriptors
+# (24 in all with 10,000 agents); the margin leaves room for the connections that come and go.
+SERVER_FD_MARGIN = 200
 
 Emit = Callable[[Figure], object]
 
@@ -53,13 +67,13 @@ class Sizes:
 
 
 FULL = Sizes(
-    agents=10_000,
+    agents=15_000,
     heartbeat=10,
     window=30.0,
     bare_enrollments=3000,
     events_agents=100,
     events_window=15.0,
-    storm_agents=5000,
+    storm_agents=10_000,
     storm_event_interval=5.0,
     overhead_runs=5,
     overhead_pairs=40,
@@ -92,6 +106,24 @@ def names(prefix: str, n: int) -> list[str]:
 
 def split(items: list[str], parts: int) -> list[list[str]]:
     return [items[i::parts] for i in range(parts)]
+
+
+def check_open_files(sizes: Sizes) -> int:
+    """The open-files limit every server and client of this run starts with: this process's soft
+    limit, raised to the hard one (children inherit it). RuntimeError where a server could not
+    hold a socket per agent of the fleet plus its own files, which would fail late and obscurely
+    (the server refusing connections mid-run)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard and hard != resource.RLIM_INFINITY:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        soft = hard
+    need = max(sizes.agents, MAX_AGENTS_PER_SIM) + SERVER_FD_MARGIN
+    if soft != resource.RLIM_INFINITY and soft < need:
+        raise RuntimeError(
+            f"the open-files limit is {soft}: {sizes.agents} agents need {need} in the server"
+            f" (a socket per agent, {SERVER_FD_MARGIN} more for its own files); raise it (ulimit -n)"
+        )
+    return int(soft)
 
 
 def shares(total: int, sizes: list[int]) -> list[int]:
@@ -192,7 +224,10 @@ class FleetResult:
     restart_s: float = 0.0
     reattach_s: float = 0.0
     storm_unacked_at_kill: int = 0
+    fds_after_storm: int = 0
+    node_list: StormProbes | None = None  # the admin's node list around the storm (controller only)
     storm_errors: dict[str, int] = field(default_factory=dict)
+    storm_failed_after_ready: dict[str, int] = field(default_factory=dict)  # attempts begun after it
     storm_reports: dict[str, list[int]] = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)
 
@@ -215,8 +250,10 @@ def run_fleet(
     bare: bool,
     load_fleet: Callable[[Sims], list[int]],
     load_events: Callable[[Sims, list[int]], None],
+    admin_conf: Path | None = None,
 ) -> FleetResult:
-    """Capacity, then events, then the reconnect storm, on one server already started."""
+    """Capacity, then events, then the reconnect storm, on one server already started; with
+    ``admin_conf`` an admin probes ``node list`` before and through the storm."""
     out = FleetResult()
     label = "bare" if bare else "controller"
     time.sleep(1)
@@ -268,37 +305,12 @@ def run_fleet(
 
         # Reconnect storm: events flowing, kill -9, restart on the same port.
         try:
-            storm_n = sum(keep)
-            fleet.call({"cmd": "periodic", "interval": sizes.storm_event_interval})
-            time.sleep(sizes.storm_event_interval + 2)  # every agent has events out, some unacknowledged
-            # Real agents reconnect on their own (jittered backoff), not through a shared gate.
-            fleet.call({"cmd": "gate", "max_connecting": 0})
-            out.storm_unacked_at_kill = fleet.stats()["pending"]
-            t_kill = server.kill9()
-            server.start(server.port)
-            out.restart_s = server.ready_at - t_kill
+            prober = None if admin_conf is None else AdminProber(admin_conf, work / f"prober-{label}.log")
             try:
-                s = fleet.wait(
-                    f"{label}: storm agents re-attached",
-                    lambda s: s["welcomed_since"] == storm_n,
-                    timeout=STORM_TIMEOUT,
-                    since=t_kill,
-                )
-            except TimeoutError:
-                diagnose(server, fleet)
-                raise
-            out.reattach_s = s["last_welcome"] - t_kill
-            log(
-                f"  {label} storm: kill -9 with {storm_n} agents and {out.storm_unacked_at_kill} events"
-                f" unacknowledged; back after {out.restart_s:.1f}s,"
-                f" all re-attached after {out.reattach_s:.1f}s"
-            )
-            time.sleep(3)
-            fleet.call({"cmd": "periodic", "on": False})
-            s = fleet.wait(f"{label}: storm outboxes drained", lambda s: s["pending"] == 0, 180)
-            out.storm_errors = s["errors"]
-            for r in fleet.call({"cmd": "report"}):
-                out.storm_reports.update(r["agents"])
+                storm(out, server, fleet, sizes, label, sum(keep), prober)
+            finally:
+                if prober is not None:
+                    prober.close()
         except Exception as exc:
             out.failed["storm"] = _failure(exc)
     except Exception as exc:
@@ -306,6 +318,85 @@ def run_fleet(
     finally:
         fleet.close()
     return out
+
+
+def storm(
+    out: FleetResult,
+    server: Server,
+    fleet: Sims,
+    sizes: Sizes,
+    label: str,
+    storm_n: int,
+    prober: AdminProber | None,
+) -> None:
+    """The connected agents emit events; kill -9; restart on the same port; every agent re-attaches,
+    every outbox drains. ``prober``: node list timed before the kill (the baseline), and from the
+    kill until every agent re-attached, at least MIN_WINDOW_S after the restart was ready."""
+    fleet.call({"cmd": "periodic", "interval": sizes.storm_event_interval})
+    probes = None
+    if prober is not None:
+        probes = out.node_list = StormProbes()
+        probes.full_list = prober.full()  # the whole list once, as an operator waits for it
+        prober.start()
+    time.sleep(sizes.storm_event_interval + 2)  # every agent has events out, some unacknowledged
+    # Real agents reconnect on their own (jittered backoff), not through a shared gate.
+    fleet.call({"cmd": "gate", "max_connecting": 0})
+    out.storm_unacked_at_kill = fleet.stats()["pending"]
+    if prober is not None and probes is not None:
+        probes.quiet = prober.stop()
+        prober.start()
+        probes.niceness, probes.interval = prober.niceness, prober.interval
+    t_kill = server.kill9()
+    server.start(server.port)
+    out.restart_s = server.ready_at - t_kill
+    if probes is not None:
+        probes.kill, probes.ready = t_kill, server.ready_at
+    try:
+        s = fleet.wait(
+            f"{label}: storm agents re-attached",
+            lambda s: s["welcomed_since"] == storm_n,
+            timeout=STORM_TIMEOUT,
+            since=t_kill,
+        )
+    except TimeoutError:
+        if prober is not None and probes is not None:  # what an admin saw is a figure all the same
+            stop_probes(label, prober, probes, None)
+        diagnose(server, fleet)
+        raise
+    out.reattach_s = s["last_welcome"] - t_kill
+    out.fds_after_storm = server.p.open_fds()
+    log(
+        f"  {label} storm: kill -9 with {storm_n} agents and {out.storm_unacked_at_kill} events"
+        f" unacknowledged; back after {out.restart_s:.1f}s,"
+        f" all re-attached after {out.reattach_s:.1f}s;"
+        f" connection attempts begun after the restart that failed:"
+        f" {fleet.stats(failed_after=server.ready_at)['failed_after']}"
+    )
+    end = server.ready_at + MIN_WINDOW_S
+    time.sleep(max(3.0, end - time.monotonic()))
+    if prober is not None and probes is not None:
+        stop_probes(label, prober, probes, s["last_welcome"])
+    fleet.call({"cmd": "periodic", "on": False})
+    s = fleet.wait(f"{label}: storm outboxes drained", lambda s: s["pending"] == 0, STORM_TIMEOUT)
+    out.storm_errors = s["errors"]
+    out.storm_failed_after_ready = fleet.stats(failed_after=server.ready_at)["failed_after"]
+    for r in fleet.call({"cmd": "report"}):
+        out.storm_reports.update(r["agents"])
+
+
+def stop_probes(label: str, prober: AdminProber, probes: StormProbes, reattached: float | None) -> None:
+    """The storm's probes in; ``reattached``: the last agent's Welcome (None: not all came back)."""
+    probes.end = time.monotonic()
+    probes.storm = prober.stop()
+    probes.complete = reattached is not None
+    probes.reattached = probes.end if reattached is None else reattached
+    after = probes.after_ready
+    worst = max((p.ms for p in after), default=0.0)
+    log(
+        f"  {label} node list: {len(after)} probes after the restart, slowest {worst:.0f} ms,"
+        f" {sum(1 for p in after if p.error)} failed; {len(probes.while_down)} while down;"
+        f" quiet: {len(probes.quiet)} probes"
+    )
 
 
 def diagnose(server: Server, sims: Sims) -> None:
@@ -467,7 +558,15 @@ def run_controller(work: Path, sizes: Sizes, base: BareResult, quick: bool, emit
                 }
             )
 
-        fleet = run_fleet(work, ctl, sizes, bare=False, load_fleet=load_fleet, load_events=load_events)
+        fleet = run_fleet(
+            work,
+            ctl,
+            sizes,
+            bare=False,
+            load_fleet=load_fleet,
+            load_events=load_events,
+            admin_conf=ctl.data_dir / "admin.conf",
+        )
         emit_fleet(ctl, sizes, base.fleet, fleet, quick, emit)
 
         try:
@@ -492,36 +591,61 @@ def run_agent_only(work: Path, sizes: Sizes, emit: Emit) -> None:
         ctl.stop()
 
 
-def emit_fleet(
-    ctl: Controller, sizes: Sizes, bare: FleetResult, fleet: FleetResult, quick: bool, emit: Emit
-) -> None:
+def capacity_figures(
+    sizes: Sizes, bare: FleetResult, fleet: FleetResult, quick: bool, open_files_limit: int = -1
+) -> list[Figure]:
+    """The capacity figures of one controller fleet against the bare server's (the full run also
+    gives the RSS with the whole fleet connected)."""
+    names = ["capacity.rss_per_agent_kib", "capacity.agents_per_2gib", "capacity.heartbeats_per_cpu_second"]
+    if not quick:
+        names.insert(0, "capacity.controller_rss_mib")
     if "capacity" in fleet.failed or fleet.steady is None or bare.steady is None:
         err = fleet.failed.get("capacity") or bare.failed.get("capacity", "no steady state")
-        for name in ("capacity.agents_per_2gib", "capacity.heartbeats_per_cpu_second"):
-            emit(Figure(name, None, "", None, "", False, detail={"error": err}))
-        return
+        return [Figure(name, None, "", None, "", False, detail={"error": err}) for name in names]
     st, bst = fleet.steady, bare.steady
     common = {
         "agents_connected": fleet.connected,
         "bare_streams": bare.connected,
         "heartbeat_seconds": sizes.heartbeat,
         "controller_open_fds": st.fds,
+        "controller_open_files_limit": open_files_limit,
         "connect_seconds": fleet.connect_seconds,
         "bare_connect_seconds": bare.connect_seconds,
     }
+    rss = {
+        "rss_idle_mib": fleet.rss_idle,
+        "rss_connected_mib": st.rss_mib,
+        "bare_rss_idle_mib": bare.rss_idle,
+        "bare_rss_connected_mib": bst.rss_mib,
+    }
+    out = []
     if not quick:
-        emit(
+        out.append(
             Figure(
                 "capacity.controller_rss_mib",
                 st.rss_mib,
                 "MiB",
                 bst.rss_mib,
-                "<= 2048 with >= 10000 agents connected",
-                fleet.connected >= 10_000 and st.rss_mib <= GIB_MIB,
-                detail={**common, "rss_idle_mib": fleet.rss_idle, "bare_rss_idle_mib": bare.rss_idle},
+                f"<= {GIB_MIB} with >= {CAPACITY_AGENTS} agents connected",
+                fleet.connected >= CAPACITY_AGENTS and st.rss_mib <= GIB_MIB,
+                detail={**common, **rss},
             )
         )
-    emit(
+    per, bare_per = fleet.rss_per_agent_kib, bare.rss_per_agent_kib
+    per_ratio = per / bare_per if bare_per > 0 else None
+    out.append(
+        Figure(
+            "capacity.rss_per_agent_kib",
+            per,
+            "KiB per connected agent",
+            bare_per,
+            f"ratio <= {RSS_PER_AGENT_TARGET:g}",
+            per_ratio is not None and per_ratio <= RSS_PER_AGENT_TARGET,
+            ratio=per_ratio,
+            detail={**common, **rss, "how": "(RSS with every agent connected - idle RSS) / agents connected"},
+        )
+    )
+    out.append(
         Figure(
             "capacity.agents_per_2gib",
             fleet.agents_per_2gib,
@@ -531,16 +655,15 @@ def emit_fleet(
             fleet.agents_per_2gib >= 10_000,
             detail={
                 **common,
-                "kib_per_agent": fleet.rss_per_agent_kib,
-                "bare_kib_per_stream": bare.rss_per_agent_kib,
-                "rss_idle_mib": fleet.rss_idle,
-                "rss_connected_mib": st.rss_mib,
+                **rss,
+                "kib_per_agent": per,
+                "bare_kib_per_stream": bare_per,
                 "how": "(2048 MiB - idle RSS) / RSS added per connected agent",
             },
         )
     )
     ratio = st.hb_per_cpu_second / bst.hb_per_cpu_second
-    emit(
+    out.append(
         Figure(
             "capacity.heartbeats_per_cpu_second",
             st.hb_per_cpu_second,
@@ -560,6 +683,35 @@ def emit_fleet(
             },
         )
     )
+    return out
+
+
+def storm_failed(sizes: Sizes, fleet: FleetResult) -> list[Figure]:
+    """The storm's figures when it failed (e.g. not every agent re-attached in STORM_TIMEOUT): no
+    values, but what the admin's node list saw meanwhile where it was probed."""
+    error = {"error": fleet.failed["storm"]}
+    names = ("storm.reattach_seconds", "storm.events_lost", "storm.events_duplicated")
+    out = [Figure(name, None, "", None, "", False, detail=error) for name in names]
+    if fleet.node_list is not None and fleet.node_list.storm:
+        fig = node_list_figure(sizes.storm_agents, fleet.node_list)
+        out.append(dataclasses.replace(fig, met=False, detail={**fig.detail, **error}))
+    elif fleet.node_list is not None:
+        out.append(Figure("storm.node_list_p99_ms", None, "ms", None, "", False, detail=error))
+    return out
+
+
+def storm_target(agents: int) -> str:
+    full = FULL.storm_agents
+    return f"<= {STORM_TARGET_S:g} with {agents} agents" + ("" if agents >= full else f" (full run: {full})")
+
+
+def emit_fleet(
+    ctl: Controller, sizes: Sizes, bare: FleetResult, fleet: FleetResult, quick: bool, emit: Emit
+) -> None:
+    for fig in capacity_figures(sizes, bare, fleet, quick, ctl.p.open_files_limit()):
+        emit(fig)
+    if "capacity" in fleet.failed or fleet.steady is None or bare.steady is None:
+        return
 
     if "events" in fleet.failed:
         failure = {"error": fleet.failed["events"]}
@@ -589,8 +741,8 @@ def emit_fleet(
         )
 
     if "storm" in fleet.failed:
-        for name in ("storm.reattach_seconds", "storm.events_lost", "storm.events_duplicated"):
-            emit(Figure(name, None, "", None, "", False, detail={"error": fleet.failed["storm"]}))
+        for fig in storm_failed(sizes, fleet):
+            emit(fig)
         return
     lost, dup, checked = verify_storm(ctl, fleet.storm_reports)
     log(f"  storm: {checked} events checked in the store: {lost} lost, {dup} duplicated")
@@ -601,6 +753,9 @@ def emit_fleet(
         "bare_restart_s": bare.restart_s,
         "event_interval_s": sizes.storm_event_interval,
         "client_errors": json.dumps(fleet.storm_errors),
+        "client_failed_after_ready": json.dumps(fleet.storm_failed_after_ready),
+        "bare_client_failed_after_ready": json.dumps(bare.storm_failed_after_ready),
+        "controller_open_fds_after": fleet.fds_after_storm,
     }
     emit(
         Figure(
@@ -608,14 +763,15 @@ def emit_fleet(
             fleet.reattach_s,
             "s",
             bare.reattach_s,
-            f"<= 60 with {sizes.storm_agents} agents"
-            + ("" if sizes.storm_agents >= 5000 else " (full run: 5000)"),
-            fleet.reattach_s <= 60,
+            storm_target(sizes.storm_agents),
+            fleet.reattach_s <= STORM_TARGET_S,
             detail=detail,
         )
     )
     emit(Figure("storm.events_lost", lost, "events", 0, "== 0", lost == 0, detail={"checked": checked}))
     emit(Figure("storm.events_duplicated", dup, "events", 0, "== 0", dup == 0, detail={"checked": checked}))
+    if fleet.node_list is not None:
+        emit(node_list_figure(sizes.storm_agents, fleet.node_list))
 
 
 def verify_storm(ctl: Controller, reports: dict[str, list[int]]) -> tuple[int, int, int]:
@@ -652,11 +808,6 @@ FLOOD_LINES = 500  # lines per output event: the most the agent's runner puts in
 FLOOD_WINDOW_EVENTS = 64  # events the flooding agent keeps ahead of its acknowledgements (about 3 MB)
 FLOOD_TARGET = 2.0  # the others' heartbeat round-trip p99, flooded / unloaded
 FLOOD_ROUNDS = 3  # quiet and flooded windows, interleaved
-
-
-def p99(values: list[float]) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] if ordered else 0.0
 
 
 def probe_window(fleet: Sims, seconds: float) -> list[float]:

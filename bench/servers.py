@@ -203,12 +203,17 @@ class Sims:
             replies.append(reply)
         return replies
 
-    def stats(self, since: float = 0.0) -> dict[str, Any]:
-        replies = self.call({"cmd": "stats", "since": since}, timeout=120)
-        total: dict[str, Any] = {"errors": {}, "by_target": {}}
+    def stats(self, since: float = 0.0, failed_after: float | None = None) -> dict[str, Any]:
+        """Every process's counts, summed; ``failed_after``: also the failed connection attempts
+        that began at or after that time (``failed_after``, by why)."""
+        cmd: dict[str, Any] = {"cmd": "stats", "since": since}
+        if failed_after is not None:
+            cmd["failed_after"] = failed_after
+        replies = self.call(cmd, timeout=120)
+        total: dict[str, Any] = {"errors": {}, "by_target": {}, "failed_after": {}}
         for r in replies:
             for k, v in r.items():
-                if k in ("errors", "by_target"):  # counts by name: summed per name
+                if k in ("errors", "by_target", "failed_after"):  # counts by name: summed per name
                     for ek, ev in v.items():
                         total[k][ek] = total[k].get(ek, 0) + ev
                 elif k in ("last_welcome", "now"):

@@ -132,10 +132,10 @@ class Agent:
             except asyncio.CancelledError:
                 raise
             except grpc.aio.AioRpcError as exc:
-                self.sim.error(exc.code().name)
+                self.sim.error(exc.code().name, started)
                 self.target_index += 1  # as the real agent: the next replica on a failure
             except Exception as exc:
-                self.sim.error(type(exc).__name__)
+                self.sim.error(type(exc).__name__, started)
                 self.target_index += 1
             finally:
                 self.streaming = False
@@ -384,10 +384,13 @@ class Sim:
         self.closed_streams = 0
         self.rtts: list[float] = []
         self.errors: collections.Counter[str] = collections.Counter()
+        self.failures: list[tuple[float, str]] = []  # (when the failed attempt began, why)
         self.prepared: list[tuple[str, bytes, bytes]] = []
 
-    def error(self, what: str) -> None:
+    def error(self, what: str, started: float = 0.0) -> None:
+        """A failure; ``started``: when the connection attempt that failed began."""
         self.errors[what] += 1
+        self.failures.append((started, what))
 
     async def handle(self, cmd: dict[str, Any]) -> dict[str, Any]:
         name = cmd["cmd"]
@@ -532,6 +535,7 @@ class Sim:
 
     async def cmd_stats(self, cmd: dict[str, Any]) -> dict[str, Any]:
         since = float(cmd.get("since", 0.0))
+        failed_after = cmd.get("failed_after")
         agents = self.agents
         welcomed_since = [a.last_welcome for a in agents if a.streaming and a.last_welcome > since]
         return {
@@ -549,6 +553,11 @@ class Sim:
             "closed_streams": self.closed_streams,
             "by_target": dict(collections.Counter(a.target() for a in agents if a.streaming)),
             "errors": dict(self.errors),
+            # Failed attempts that began at or after ``failed_after`` (not the ones that began
+            # before and were counted late), by why.
+            "failed_after": {}
+            if failed_after is None
+            else dict(collections.Counter(w for t, w in self.failures if t >= float(failed_after))),
             "now": time.monotonic(),
         }
 

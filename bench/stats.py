@@ -60,3 +60,10 @@ def spread(values: Sequence[float]) -> dict[str, float]:
         "p75": quantile(ordered, 0.75),
         "max": ordered[-1],
     }
+
+
+def p99(values: Sequence[float]) -> float:
+    """The 99th percentile by nearest rank: the value at index int(0.99 n) of the sorted values
+    (the largest of fewer than 100); 0 for none."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] if ordered else 0.0
