@@ -1,6 +1,6 @@
 """tether benchmarks: one JSON object per line on stdout, progress on stderr.
 
-    python bench/run.py [--quick] [--keep] [--only agent|flood|store|replicas] [--flood-agents N]
+    python bench/run.py [--quick] [--keep] [--only fleet|agent|flood|store|replicas] [--flood-agents N]
 
 Every figure comes with a bare baseline measured in the same invocation: a minimal grpc.aio
 server (bench/bare.py) with the controller's TLS set-up, options and message sizes. The
@@ -33,8 +33,10 @@ def main() -> int:
     p.add_argument("--keep", action="store_true", help="keep the work directory (logs, store) for inspection")
     p.add_argument(
         "--only",
-        choices=["agent", "flood", "store", "replicas"],
-        help="run one scenario alone: agent = the agent's figures, overhead per step and idle footprint"
+        choices=["fleet", "agent", "flood", "store", "replicas"],
+        help="run one scenario alone: fleet = the bare and controller fleets (enrollment, capacity,"
+        " heartbeats, events, storm, node list), without the agent's figures and the flood;"
+        " agent = the agent's figures, overhead per step and idle footprint"
         " (no fleet, no baseline server; valgrind counts instructions where installed);"
         " flood = heartbeat round trips while one agent floods output; store = SQLite vs PostgreSQL;"
         " replicas = two controller replicas on PostgreSQL (scale-out, kill -9 failover)",
@@ -72,8 +74,9 @@ def main() -> int:
         limit = check_open_files(sizes)
         log(f"open-files limit {limit} (servers and clients): {sizes.agents} agents at once")
         bare = run_bare(work, sizes)
-        run_controller(work, sizes, bare, args.quick, emit)
-        run_flood(work, sizes, emit)
+        run_controller(work, sizes, bare, args.quick, emit, with_agent=args.only != "fleet")
+        if args.only != "fleet":
+            run_flood(work, sizes, emit)
     log(f"done in {time.monotonic() - t0:.0f}s")
     return 0
 

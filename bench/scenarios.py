@@ -481,7 +481,9 @@ def run_bare(work: Path, sizes: Sizes) -> BareResult:
 CAPACITY_FLAGS = ("--node-output-rate", str(1 << 40))
 
 
-def run_controller(work: Path, sizes: Sizes, base: BareResult, quick: bool, emit: Emit) -> None:
+def run_controller(
+    work: Path, sizes: Sizes, base: BareResult, quick: bool, emit: Emit, *, with_agent: bool = True
+) -> None:
     ctl = Controller(work, sizes.heartbeat, *CAPACITY_FLAGS)
     ids_dir = work / "identities"
     ids_dir.mkdir(exist_ok=True)
@@ -568,7 +570,8 @@ def run_controller(work: Path, sizes: Sizes, base: BareResult, quick: bool, emit
             admin_conf=ctl.data_dir / "admin.conf",
         )
         emit_fleet(ctl, sizes, base.fleet, fleet, quick, emit)
-
+        if not with_agent:
+            return
         try:
             for fig in agent.agent_figures(work, ctl, sizes):
                 emit(fig)
