@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -167,14 +166,6 @@ class Cluster:
         )
         await self.store.append_events(name, [event])
         await self.orch.on_events(rec, [event])
-
-
-@pytest.fixture
-async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
-    store = SqliteStore(tmp_path / "t.db")
-    await store.put_environment("c1", SPEC, "holodeck.nvidia.com/v1alpha1", {})
-    yield Cluster(store, tmp_path)
-    await store.close()
 
 
 async def test_the_first_control_plane_initialises_once_and_durably(cluster: Cluster, tmp_path: Path) -> None:

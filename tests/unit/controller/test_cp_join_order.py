@@ -4,8 +4,6 @@ kubeadm failure), workers in parallel; the order holds across a controller resta
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 
@@ -17,17 +15,9 @@ from tether.controller.cluster.orchestrator import Orchestrator
 from tether.controller.render import NodeContext, render
 from tether.controller.render.targets import facts_for
 from tether.controller.spec import load_document
-from tether.controller.store import NodeRecord, SqliteStore
+from tether.controller.store import NodeRecord
 from tether.nodeagent.model import Event, EventKind, now_ms
 from tether.nodeagent.secrets import Redactor
-
-
-@pytest.fixture
-async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
-    store = SqliteStore(tmp_path / "t.db")
-    await store.put_environment("c1", SPEC, "holodeck.nvidia.com/v1alpha1", {})
-    yield Cluster(store, tmp_path)
-    await store.close()
 
 
 async def initialised(cluster: Cluster) -> NodeRecord:

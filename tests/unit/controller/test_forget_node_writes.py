@@ -3,22 +3,11 @@ one store write, not three (issue 16's enrollment profile: two kv deletes per fr
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
-
 import pytest
 
-from tests.unit.controller.test_cluster import SPEC, Cluster
+from tests.unit.controller.test_cluster import Cluster
 from tether.controller.cluster.orchestrator import _key
 from tether.controller.store import SqliteStore
-
-
-@pytest.fixture
-async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
-    store = SqliteStore(tmp_path / "t.db")
-    await store.put_environment("c1", SPEC, "holodeck.nvidia.com/v1alpha1", {})
-    yield Cluster(store, tmp_path)
-    await store.close()
 
 
 def count_deletes(monkeypatch: pytest.MonkeyPatch, store: SqliteStore) -> list[str]:

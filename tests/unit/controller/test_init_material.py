@@ -4,17 +4,14 @@ nothing handed to (or taken from) a revoked node."""
 from __future__ import annotations
 
 import base64
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.unit.controller.test_cluster import OUTPUTS, SPEC, TOKEN, Cluster
+from tests.unit.controller.test_cluster import OUTPUTS, TOKEN, Cluster
 from tether.controller.cluster import material as m
 from tether.controller.cluster.context import INIT_STEP, JOIN_STEP
 from tether.controller.cluster.kubeconfig import KubeconfigRefused, sanitise
-from tether.controller.store import SqliteStore
 from tether.nodeagent.model import Plan, Step
 
 HOSTILE = {
@@ -52,14 +49,6 @@ HOSTILE = {
 
 def b64(doc: object) -> str:
     return base64.b64encode(yaml.safe_dump(doc).encode()).decode()
-
-
-@pytest.fixture
-async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
-    store = SqliteStore(tmp_path / "t.db")
-    await store.put_environment("c1", SPEC, "holodeck.nvidia.com/v1alpha1", {})
-    yield Cluster(store, tmp_path)
-    await store.close()
 
 
 async def test_init_material_is_refused_unless_kubeadm_init_is_running(cluster: Cluster) -> None:
