@@ -6,7 +6,6 @@ import asyncio
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from tether.controller.follower import Follower
@@ -15,23 +14,112 @@ from tether.controller.refusals import REFUSALS
 from tether.nodeagent.model import Event, Health
 
 
-@dataclass(eq=False)
-class Session:
-    """One agent's open stream."""
+class Outbox:
+    """One stream's messages to send, in order, for its one writer; closed with the stream.
 
-    node: str
-    environment: str
-    outbox: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
-    connected_at: float = field(default_factory=time.monotonic)
-    last_seen: float = field(default_factory=time.monotonic)
-    health_saved: float = 0.0
-    stored_seq: int = 0  # the node's events stored up to here (what was acknowledged on this stream)
-    closed: asyncio.Event = field(default_factory=asyncio.Event)
-    # The latest health report as it arrived, decoded only when someone reads ``health``:
-    # heartbeats are the most frequent message, and most are never looked at.
-    _report: Any = field(default=None, repr=False)
-    _decode: Callable[[Any], Health] | None = field(default=None, repr=False)
-    _health: Health | None = field(default=None, repr=False)
+    A list and, only while the writer waits, one future: an ``asyncio.Queue`` and an
+    ``asyncio.Event`` per stream held five deques (3.8 KiB) for the life of every connection.
+    ``is_set`` says whether it was closed (the spelling of the ``asyncio.Event`` it replaces:
+    ``session.closed.is_set()``).
+    """
+
+    __slots__ = ("_closed", "_items", "_waiter")
+
+    def __init__(self) -> None:
+        self._items: list[Any] = []
+        self._waiter: asyncio.Future[None] | None = None
+        self._closed = False
+
+    def put_nowait(self, msg: Any) -> None:
+        self._items.append(msg)
+        self._wake()
+
+    def get_nowait(self) -> Any:
+        if not self._items:
+            raise asyncio.QueueEmpty
+        return self._items.pop(0)
+
+    def empty(self) -> bool:
+        return not self._items
+
+    def qsize(self) -> int:
+        return len(self._items)
+
+    async def drain(self) -> list[Any]:
+        """Every message queued, in order, once there is one; [] once closed (what is queued
+        then never goes out)."""
+        await self._wait()
+        if self._closed:
+            return []
+        items, self._items = self._items, []
+        return items
+
+    async def get(self) -> Any:
+        """The next message (the writer drains; this is for tests); QueueEmpty once closed."""
+        await self._wait()
+        if not self._items:
+            raise asyncio.QueueEmpty
+        return self._items.pop(0)
+
+    async def _wait(self) -> None:
+        while not self._items and not self._closed:
+            waiter = self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await waiter
+            finally:
+                self._waiter = None
+
+    def close(self) -> None:
+        self._closed = True
+        self._wake()
+
+    def is_set(self) -> bool:
+        return self._closed
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+
+class Session:
+    """One agent's open stream (slots: one of these lives per connected agent)."""
+
+    __slots__ = (
+        "_decode",
+        "_health",
+        "_report",
+        "connected_at",
+        "environment",
+        "health_saved",
+        "last_seen",
+        "node",
+        "on_close",
+        "outbox",
+        "stored_seq",
+    )
+
+    def __init__(self, node: str, environment: str) -> None:
+        self.node = node
+        self.environment = environment
+        self.outbox = Outbox()
+        self.connected_at = self.last_seen = time.monotonic()
+        self.health_saved = 0.0  # when its health was last handed to the store (0: not on this stream)
+        self.stored_seq = 0  # the node's events stored up to here (what was acknowledged on this stream)
+        self.on_close: Callable[[], None] | None = None  # the stream's own way to stop reading
+        # The latest health report as it arrived, decoded only when someone reads ``health``:
+        # heartbeats are the most frequent message, and most are never looked at.
+        self._report: Any = None
+        self._decode: Callable[[Any], Health] | None = None
+        self._health: Health | None = None
+
+    def __repr__(self) -> str:
+        return f"Session(node={self.node!r}, environment={self.environment!r}, closed={self.outbox.is_set()})"
+
+    @property
+    def closed(self) -> Outbox:
+        """``closed.is_set()``: the stream was closed (revoked, replaced, reset)."""
+        return self.outbox
 
     @property
     def health(self) -> Health | None:
@@ -44,14 +132,21 @@ class Session:
         self._health, self._report = value, None
 
     def report_health(self, report: Any, decode: Callable[[Any], Health]) -> None:
-        """Keep ``report`` (a wire message) as the latest health; ``decode`` turns it into ``Health``."""
-        self._report, self._decode = report, decode
+        """Keep ``report`` as the latest health; ``decode`` turns it into ``Health``. Keep it small:
+        one is held per connected agent (the stream's reader passes the message's bytes, not the
+        parsed message, which holds its whole arena of about 1 KiB); the report it supersedes,
+        decoded once read (another KiB), is dropped."""
+        self._report, self._decode, self._health = report, decode, None
 
     def send(self, msg: Any) -> None:
         self.outbox.put_nowait(msg)
 
     def close(self) -> None:
-        self.closed.set()
+        if self.outbox.is_set():
+            return
+        self.outbox.close()
+        if self.on_close is not None:
+            self.on_close()
 
 
 class Remote(Protocol):
