@@ -10,6 +10,7 @@ import dataclasses
 import functools
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from tether.nodeagent import __version__, facts, wire
 from tether.nodeagent.model import Event, EventKind, Health, HostFacts, Plan, Step, now_ms
@@ -133,3 +134,39 @@ def canned_replies(heartbeat: int) -> dict[str, bytes]:
 TAG_HELLO = (1 << 3) | 2
 TAG_EVENTS = (2 << 3) | 2
 TAG_HEALTH = (3 << 3) | 2
+
+
+def provision_events(plan: Any) -> list[tuple[Any, int]]:
+    """What a simulated agent reports for ``plan`` (a ``common_pb2.Plan``), without seq numbers:
+    one INFO event, then each step's STARTED, OUTPUT and SUCCEEDED; each with its line count."""
+    from tether.v1 import common_pb2
+
+    events: list[tuple[Any, int]] = [
+        (
+            common_pb2.Event(
+                kind=common_pb2.EVENT_KIND_INFO,
+                time_ms=now_ms(),
+                message=f"plan generation {plan.generation} received ({len(plan.steps)} steps)",
+                plan_generation=plan.generation,
+            ),
+            0,
+        )
+    ]
+    for step in plan.steps:
+        for kind, lines in (
+            (common_pb2.EVENT_KIND_STARTED, ()),
+            (common_pb2.EVENT_KIND_OUTPUT, (f"{step.name}: ok",)),
+            (common_pb2.EVENT_KIND_SUCCEEDED, ()),
+        ):
+            event = common_pb2.Event(
+                kind=kind,
+                time_ms=now_ms(),
+                step=step.name,
+                digest=step.digest,
+                attempt=1,
+                lines=lines,
+                plan_generation=plan.generation,
+                duration_seconds=0.01 if kind == common_pb2.EVENT_KIND_SUCCEEDED else 0.0,
+            )
+            events.append((event, len(lines)))
+    return events

@@ -291,34 +291,8 @@ class Agent:
         if not Config.provision or self.provisioned:
             return
         self.provisioned = True
-        self.append(
-            common_pb2.Event(
-                kind=common_pb2.EVENT_KIND_INFO,
-                time_ms=_now_ms(),
-                message=f"plan generation {plan.generation} received ({len(plan.steps)} steps)",
-                plan_generation=plan.generation,
-            ),
-            0,
-        )
-        for step in plan.steps:
-            for kind, lines in (
-                (common_pb2.EVENT_KIND_STARTED, ()),
-                (common_pb2.EVENT_KIND_OUTPUT, (f"{step.name}: ok",)),
-                (common_pb2.EVENT_KIND_SUCCEEDED, ()),
-            ):
-                self.append(
-                    common_pb2.Event(
-                        kind=kind,
-                        time_ms=_now_ms(),
-                        step=step.name,
-                        digest=step.digest,
-                        attempt=1,
-                        lines=lines,
-                        plan_generation=plan.generation,
-                        duration_seconds=0.01 if kind == common_pb2.EVENT_KIND_SUCCEEDED else 0.0,
-                    ),
-                    len(lines),
-                )
+        for event, lines in messages.provision_events(plan):
+            self.append(event, lines)
 
     # -- producers ------------------------------------------------------------------------------
 

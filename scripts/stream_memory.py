@@ -68,7 +68,6 @@ from tether.controller.store.records import NodeRecord  # noqa: E402
 from tether.nodeagent import wire  # noqa: E402
 from tether.nodeagent.identity import CONTROLLER_SERVER_NAME, generate_key, make_csr  # noqa: E402
 from tether.nodeagent.model import now_ms  # noqa: E402
-from tether.v1 import common_pb2  # noqa: E402
 
 pb = wire.pb
 TRACE_FRAMES = 10
@@ -448,36 +447,10 @@ class Server:
 
 
 def _provision_batch(plan: Any) -> bytes:
-    """What bench/sim.py sends for a plan: one INFO event, then each step's STARTED, OUTPUT and
-    SUCCEEDED, seq 1 onwards, in one batch."""
-    events = [
-        common_pb2.Event(
-            kind=common_pb2.EVENT_KIND_INFO,
-            seq=1,
-            time_ms=now_ms(),
-            message=f"plan generation {plan.generation} received ({len(plan.steps)} steps)",
-            plan_generation=plan.generation,
-        )
-    ]
-    for step in plan.steps:
-        for kind, lines in (
-            (common_pb2.EVENT_KIND_STARTED, ()),
-            (common_pb2.EVENT_KIND_OUTPUT, (f"{step.name}: ok",)),
-            (common_pb2.EVENT_KIND_SUCCEEDED, ()),
-        ):
-            events.append(
-                common_pb2.Event(
-                    kind=kind,
-                    seq=len(events) + 1,
-                    time_ms=now_ms(),
-                    step=step.name,
-                    digest=step.digest,
-                    attempt=1,
-                    lines=lines,
-                    plan_generation=plan.generation,
-                    duration_seconds=0.01 if kind == common_pb2.EVENT_KIND_SUCCEEDED else 0.0,
-                )
-            )
+    """What bench/sim.py sends for a plan, seq 1 onwards, in one batch."""
+    events = [event for event, _ in messages.provision_events(plan)]
+    for seq, event in enumerate(events, 1):
+        event.seq = seq
     return pb.AgentMessage(events=pb.EventBatch(events=events)).SerializeToString()
 
 
