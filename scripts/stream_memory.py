@@ -52,6 +52,7 @@ import sys
 import tempfile
 import time
 import tracemalloc
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -641,68 +642,83 @@ class _Beats:
         return self.msg
 
 
-async def ops_command(args: argparse.Namespace) -> None:
-    from tether.controller import agent_service
-    from tether.controller.agent_service import AgentService, plain
+@contextlib.asynccontextmanager
+async def _attached(prefix: str, streams: int) -> AsyncIterator[tuple[Any, Any, list[tuple[Any, Any]], Any]]:
+    """A started controller whose ``streams`` nodes each have their plan and an attached session,
+    driven without gRPC: (app, its AgentService, [(node, session)], a heartbeat message)."""
+    from tether.controller.agent_service import AgentService
     from tether.controller.server import Controller
 
-    with tempfile.TemporaryDirectory(prefix="stream-ops-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
         work = Path(tmp)
-        await _prepare(work, args.streams)
+        await _prepare(work, streams)
         ctl = Controller(ControllerConfig(data_dir=work / "controller", listen="127.0.0.1:0"))
         app = await ctl.start()
+        pairs: list[tuple[Any, Any]] = []
         try:
             agents = AgentService(app)
             for n in app.store.list_nodes():  # each has its plan, as a connected agent has
                 await agents.deliver_plan(n, messages.node_facts(n.name))
             nodes = [n for n in app.store.list_nodes() if not n.revoked]
-            pairs = list(zip(nodes, [app.hub.attach(n.name, n.environment) for n in nodes], strict=True))
-            msg = pb.AgentMessage.FromString(messages.health_message().SerializeToString())
-            agent_service.HEALTH_PERSIST_SECONDS = 1e9  # heartbeats alone (each stream's first is due)
-            await asyncio.gather(*(agents._read(n, s, _Beats(msg, 1).read) for n, s in pairs))
-            await agents.health.flush()
-
-            async def beats() -> float:
-                c0 = time.process_time()
-                await asyncio.gather(*(agents._read(n, s, _Beats(msg, args.beats).read) for n, s in pairs))
-                return float((time.process_time() - c0) / (args.beats * len(pairs)) * 1e6)
-
-            async def together() -> float:
-                for _, s in pairs:
-                    agents.health.due(s)
-                c0 = time.process_time()
-                await agents.health.flush()
-                return (time.process_time() - c0) / len(pairs) * 1e6
-
-            async def alone() -> float:  # what each stream did before: its own write, awaited
-                some = pairs[:100]
-                c0 = time.process_time()
-                for n, s in some:
-                    s.report_health(msg.health.SerializeToString(), agent_service._health_from_bytes)
-                    health = s.health
-                    assert health is not None
-                    await app.store.update_node(n.name, health=plain(health), last_seen_ms=now_ms())
-                return (time.process_time() - c0) / len(some) * 1e6
-
-            runs: dict[str, list[float]] = {"heartbeat": [], "save_together": [], "save_alone": []}
-            mark = os.getppid if args.mark else (lambda: 0)  # under callgrind: a dump per phase
-            mark()
-            for _ in range(args.rounds):
-                runs["heartbeat"].append(await beats())
-                mark()
-                runs["save_together"].append(await together())
-                mark()
-                runs["save_alone"].append(await alone())
-                mark()
-            out: dict[str, Any] = {"streams": len(pairs), "beats_per_round": args.beats * len(pairs)}
-            for key, values in runs.items():
-                out[f"cpu_us_per_{key}"] = round(statistics.median(values), 2)
-                out[f"rounds_{key}"] = [round(v, 1) for v in values]
-            print(json.dumps(out))
-            for _, s in pairs:
-                app.hub.detach(s)
+            pairs = [(n, app.hub.attach(n.name, n.environment)) for n in nodes]
+            yield (
+                app,
+                agents,
+                pairs,
+                pb.AgentMessage.FromString(messages.health_message().SerializeToString()),
+            )
         finally:
+            for _, session in pairs:
+                app.hub.detach(session)
             await ctl.stop()
+
+
+async def ops_command(args: argparse.Namespace) -> None:
+    from tether.controller import agent_service
+    from tether.controller.agent_service import plain
+
+    async with _attached("stream-ops-", args.streams) as (app, agents, pairs, msg):
+        agent_service.HEALTH_PERSIST_SECONDS = 1e9  # heartbeats alone (each stream's first is due)
+        await asyncio.gather(*(agents._read(n, s, _Beats(msg, 1).read) for n, s in pairs))
+        await agents.health.flush()
+
+        async def beats() -> float:
+            c0 = time.process_time()
+            await asyncio.gather(*(agents._read(n, s, _Beats(msg, args.beats).read) for n, s in pairs))
+            return float((time.process_time() - c0) / (args.beats * len(pairs)) * 1e6)
+
+        async def together() -> float:
+            for _, s in pairs:
+                agents.health.due(s)
+            c0 = time.process_time()
+            await agents.health.flush()
+            return (time.process_time() - c0) / len(pairs) * 1e6
+
+        async def alone() -> float:  # what each stream did before: its own write, awaited
+            some = pairs[:100]
+            c0 = time.process_time()
+            for n, s in some:
+                s.report_health(msg.health.SerializeToString(), agent_service._health_from_bytes)
+                health = s.health
+                assert health is not None
+                await app.store.update_node(n.name, health=plain(health), last_seen_ms=now_ms())
+            return (time.process_time() - c0) / len(some) * 1e6
+
+        runs: dict[str, list[float]] = {"heartbeat": [], "save_together": [], "save_alone": []}
+        mark = os.getppid if args.mark else (lambda: 0)  # under callgrind: a dump per phase
+        mark()
+        for _ in range(args.rounds):
+            runs["heartbeat"].append(await beats())
+            mark()
+            runs["save_together"].append(await together())
+            mark()
+            runs["save_alone"].append(await alone())
+            mark()
+        out: dict[str, Any] = {"streams": len(pairs), "beats_per_round": args.beats * len(pairs)}
+        for key, values in runs.items():
+            out[f"cpu_us_per_{key}"] = round(statistics.median(values), 2)
+            out[f"rounds_{key}"] = [round(v, 1) for v in values]
+        print(json.dumps(out))
 
 
 def ops_callgrind(args: argparse.Namespace) -> None:
@@ -759,53 +775,38 @@ async def paced_command(args: argparse.Namespace) -> None:
     per heartbeat with health saves as the controller makes them (together), one at a time
     (as before), or none; the saves' share of the CPU, their commits shared as they happen."""
     from tether.controller import agent_service
-    from tether.controller.agent_service import AgentService
-    from tether.controller.server import Controller
 
-    with tempfile.TemporaryDirectory(prefix="stream-paced-") as tmp:
-        work = Path(tmp)
-        await _prepare(work, args.streams)
-        ctl = Controller(ControllerConfig(data_dir=work / "controller", listen="127.0.0.1:0"))
-        app = await ctl.start()
-        try:
-            agents = AgentService(app)
-            for n in app.store.list_nodes():
-                await agents.deliver_plan(n, messages.node_facts(n.name))
-            nodes = [n for n in app.store.list_nodes() if not n.revoked]
-            pairs = list(zip(nodes, [app.hub.attach(n.name, n.environment) for n in nodes], strict=True))
-            msg = pb.AgentMessage.FromString(messages.health_message().SerializeToString())
-            saver_due = agent_service.HealthSaver.due
-            results: dict[str, list[float]] = {"none": [], "together": [], "alone": []}
-            for _ in range(args.rounds):
-                for variant in results:
-                    agent_service.HealthSaver.due = saver_due  # type: ignore[method-assign]
-                    if variant == "alone":
-                        _save_alone()
-                    agent_service.HEALTH_PERSIST_SECONDS = 1e9 if variant == "none" else args.persist
-                    for _, s in pairs:
-                        s.health_saved = 0.0 if variant != "none" else time.monotonic()
-                    until = time.monotonic() + args.seconds
-                    feeds = [_Paced(msg, args.heartbeat, until) for _ in pairs]
-                    c0 = time.process_time()
-                    await asyncio.gather(
-                        *(agents._read(n, s, f.read) for (n, s), f in zip(pairs, feeds, strict=True))
-                    )
-                    await asyncio.sleep(agent_service.HEALTH_FLUSH_SECONDS + 0.5)
-                    await asyncio.gather(*_PENDING)
-                    cpu = time.process_time() - c0
-                    results[variant].append(cpu / sum(f.count for f in feeds) * 1e6)
-            agent_service.HealthSaver.due = saver_due  # type: ignore[method-assign]
-            out: dict[str, Any] = {
-                "streams": len(pairs),
-                "heartbeats_per_s": round(len(pairs) / args.heartbeat),
-                "saves_per_s": round(len(pairs) / args.persist, 1),
-            }
-            for key, values in results.items():
-                out[f"cpu_us_per_heartbeat_saves_{key}"] = round(statistics.median(values), 2)
-                out[f"rounds_{key}"] = [round(v, 1) for v in values]
-            print(json.dumps(out))
-        finally:
-            await ctl.stop()
+    async with _attached("stream-paced-", args.streams) as (_, agents, pairs, msg):
+        saver_due = agent_service.HealthSaver.due
+        results: dict[str, list[float]] = {"none": [], "together": [], "alone": []}
+        for _ in range(args.rounds):
+            for variant in results:
+                agent_service.HealthSaver.due = saver_due  # type: ignore[method-assign]
+                if variant == "alone":
+                    _save_alone()
+                agent_service.HEALTH_PERSIST_SECONDS = 1e9 if variant == "none" else args.persist
+                for _, s in pairs:
+                    s.health_saved = 0.0 if variant != "none" else time.monotonic()
+                until = time.monotonic() + args.seconds
+                feeds = [_Paced(msg, args.heartbeat, until) for _ in pairs]
+                c0 = time.process_time()
+                await asyncio.gather(
+                    *(agents._read(n, s, f.read) for (n, s), f in zip(pairs, feeds, strict=True))
+                )
+                await asyncio.sleep(agent_service.HEALTH_FLUSH_SECONDS + 0.5)
+                await asyncio.gather(*_PENDING)
+                cpu = time.process_time() - c0
+                results[variant].append(cpu / sum(f.count for f in feeds) * 1e6)
+        agent_service.HealthSaver.due = saver_due  # type: ignore[method-assign]
+        out: dict[str, Any] = {
+            "streams": len(pairs),
+            "heartbeats_per_s": round(len(pairs) / args.heartbeat),
+            "saves_per_s": round(len(pairs) / args.persist, 1),
+        }
+        for key, values in results.items():
+            out[f"cpu_us_per_heartbeat_saves_{key}"] = round(statistics.median(values), 2)
+            out[f"rounds_{key}"] = [round(v, 1) for v in values]
+        print(json.dumps(out))
 
 
 def main() -> None:
